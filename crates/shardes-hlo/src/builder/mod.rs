@@ -1,0 +1,1 @@
+//! The typed StableHLO builder.

@@ -1,0 +1,11 @@
+//! shardes-hlo: turns Rust calls into StableHLO programs (MLIR text) with Shardy
+//! sharding annotations over a one-axis `"pop"` mesh.
+//!
+//! This crate does no I/O and knows nothing of PJRT. Modules:
+//! - [`builder`]: the typed program builder, printer, sharding and inspection;
+//! - [`prng`]: JAX-compatible threefry random numbers, on the host and as emitted ops;
+//! - [`params`]: parameter trees of named f32 arrays in JAX leaf order.
+
+pub mod builder;
+pub mod params;
+pub mod prng;

@@ -1,0 +1,1 @@
+//! JAX-compatible threefry random numbers.
