@@ -5,3 +5,5 @@
 
 pub use shardes_hlo as hlo;
 pub use shardes_runtime as runtime;
+
+pub mod io;
