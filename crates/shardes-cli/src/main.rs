@@ -1,1 +1,5 @@
+//! The `shardes` command.
+
+mod config;
+
 fn main() {}

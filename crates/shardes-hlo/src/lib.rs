@@ -5,9 +5,11 @@
 //! - [`builder`]: the typed program builder, printer, sharding and inspection;
 //! - [`prng`]: JAX-compatible threefry random numbers, on the host and as emitted ops;
 //! - [`params`]: parameter trees of named f32 arrays in JAX leaf order.
+//! - [`es`]: strategies, shapings and the generation program;
 //! - [`problems`]: the example models (init, data, forward, loss).
 
 pub mod builder;
+pub mod es;
 pub mod params;
 pub mod prng;
 pub mod problems;

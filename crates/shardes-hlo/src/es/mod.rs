@@ -1,0 +1,5 @@
+//! Evolution strategies: strategies, shapings and the generation program.
+
+pub mod spec;
+
+pub use spec::{SpecError, StrategySpec};

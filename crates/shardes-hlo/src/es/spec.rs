@@ -1,0 +1,260 @@
+//! Textual names of strategies, shapings and placements, as written in a config file.
+//!
+//! `"mirrored(lowrank(r=1))"`, `"seed_regenerated(chunk=4)"`, `"iid_gaussian"`: the grammar is
+//! `name` or `name(arg, ...)` where an argument is `key=integer` or a nested strategy (only
+//! `mirrored` takes one). Parsing and [`std::fmt::Display`] round-trip.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// The names that [`StrategySpec::from_str`] accepts, for error messages.
+pub const STRATEGY_NAMES: &[&str] = &[
+    "lowrank(r=R)",
+    "seed_regenerated(chunk=C)",
+    "iid_gaussian",
+    "mirrored(STRATEGY)",
+];
+
+/// A perturbation strategy by name and arguments (see the ES spec for what each computes).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StrategySpec {
+    /// EGGROLL: rank-`r` factored noise on 2-D leaves, never materialized.
+    LowRank {
+        /// The rank of each member's perturbation.
+        r: usize,
+    },
+    /// Full-rank noise regenerated from seeds, `chunk` members at a time
+    /// (`None`: the generation program picks the member chunk).
+    SeedRegenerated {
+        /// Members evaluated per loop step.
+        chunk: Option<usize>,
+    },
+    /// Full-rank noise materialized for all local members at once.
+    IidGaussian,
+    /// Antithetic pairs: members `2k` and `2k+1` share direction `k` at `+σ` and `−σ`.
+    Mirrored(Box<StrategySpec>),
+}
+
+/// A strategy string that does not parse; the message names the part that is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid strategy \"{input}\": {reason} (valid: {})", STRATEGY_NAMES.join(", "))]
+pub struct SpecError {
+    /// The text that was given.
+    pub input: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+impl StrategySpec {
+    /// How many adjacent members share one direction (2 under `Mirrored`, else 1).
+    pub fn pairing(&self) -> usize {
+        match self {
+            StrategySpec::Mirrored(inner) => 2 * inner.pairing(),
+            _ => 1,
+        }
+    }
+}
+
+impl fmt::Display for StrategySpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StrategySpec::LowRank { r } => write!(f, "lowrank(r={r})"),
+            StrategySpec::SeedRegenerated { chunk: Some(c) } => {
+                write!(f, "seed_regenerated(chunk={c})")
+            }
+            StrategySpec::SeedRegenerated { chunk: None } => write!(f, "seed_regenerated"),
+            StrategySpec::IidGaussian => write!(f, "iid_gaussian"),
+            StrategySpec::Mirrored(inner) => write!(f, "mirrored({inner})"),
+        }
+    }
+}
+
+impl FromStr for StrategySpec {
+    type Err = SpecError;
+
+    fn from_str(input: &str) -> Result<Self, SpecError> {
+        let err = |reason: String| SpecError {
+            input: input.to_string(),
+            reason,
+        };
+        let mut p = Parser {
+            s: input.as_bytes(),
+            pos: 0,
+        };
+        let spec = p.strategy().map_err(err)?;
+        p.skip_ws();
+        if p.pos != p.s.len() {
+            return Err(err(format!(
+                "unexpected text \"{}\" after the strategy",
+                &input[p.pos..]
+            )));
+        }
+        Ok(spec)
+    }
+}
+
+struct Parser<'a> {
+    s: &'a [u8],
+    pos: usize,
+}
+
+enum Arg {
+    Int(String, usize),
+    Strategy(StrategySpec),
+}
+
+impl Parser<'_> {
+    fn skip_ws(&mut self) {
+        while self.pos < self.s.len() && self.s[self.pos].is_ascii_whitespace() {
+            self.pos += 1;
+        }
+    }
+
+    fn ident(&mut self) -> String {
+        self.skip_ws();
+        let start = self.pos;
+        while self.pos < self.s.len()
+            && (self.s[self.pos].is_ascii_alphanumeric() || self.s[self.pos] == b'_')
+        {
+            self.pos += 1;
+        }
+        String::from_utf8_lossy(&self.s[start..self.pos]).to_ascii_lowercase()
+    }
+
+    fn eat(&mut self, c: u8) -> bool {
+        self.skip_ws();
+        if self.s.get(self.pos) == Some(&c) {
+            self.pos += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn strategy(&mut self) -> Result<StrategySpec, String> {
+        let name = self.ident();
+        if name.is_empty() {
+            return Err("expected a strategy name".into());
+        }
+        let mut args = Vec::new();
+        if self.eat(b'(') {
+            if !self.eat(b')') {
+                loop {
+                    args.push(self.arg()?);
+                    if self.eat(b')') {
+                        break;
+                    }
+                    if !self.eat(b',') {
+                        return Err(format!("expected ',' or ')' in the arguments of {name}"));
+                    }
+                }
+            }
+        }
+        let int_arg = |args: &[Arg], key: &str| -> Result<Option<usize>, String> {
+            let mut found = None;
+            for a in args {
+                match a {
+                    Arg::Int(k, v) if k == key => found = Some(*v),
+                    Arg::Int(k, _) => {
+                        return Err(format!("{name} takes no argument \"{k}\" (it takes {key})"))
+                    }
+                    Arg::Strategy(s) => {
+                        return Err(format!("{name} takes no nested strategy (got {s})"))
+                    }
+                }
+            }
+            Ok(found)
+        };
+        match name.as_str() {
+            "lowrank" | "low_rank" | "eggroll" => {
+                let r = int_arg(&args, "r")?.unwrap_or(1);
+                if r == 0 {
+                    return Err("lowrank needs r >= 1".into());
+                }
+                Ok(StrategySpec::LowRank { r })
+            }
+            "seed_regenerated" | "seedregenerated" => {
+                let chunk = int_arg(&args, "chunk")?;
+                if chunk == Some(0) {
+                    return Err("seed_regenerated needs chunk >= 1".into());
+                }
+                Ok(StrategySpec::SeedRegenerated { chunk })
+            }
+            "iid_gaussian" | "iidgaussian" => {
+                int_arg(&args, "")?;
+                Ok(StrategySpec::IidGaussian)
+            }
+            "mirrored" => match args.as_slice() {
+                [Arg::Strategy(inner)] => {
+                    if matches!(inner, StrategySpec::Mirrored(_)) {
+                        return Err("mirrored(mirrored(..)) is not a strategy".into());
+                    }
+                    Ok(StrategySpec::Mirrored(Box::new(inner.clone())))
+                }
+                _ => Err("mirrored takes exactly one strategy, e.g. mirrored(lowrank(r=1))".into()),
+            },
+            other => Err(format!("unknown strategy \"{other}\"")),
+        }
+    }
+
+    fn arg(&mut self) -> Result<Arg, String> {
+        let save = self.pos;
+        let key = self.ident();
+        if self.eat(b'=') {
+            self.skip_ws();
+            let start = self.pos;
+            while self.pos < self.s.len() && self.s[self.pos].is_ascii_digit() {
+                self.pos += 1;
+            }
+            let text = String::from_utf8_lossy(&self.s[start..self.pos]).to_string();
+            let v = text
+                .parse::<usize>()
+                .map_err(|_| format!("argument {key} needs a non-negative integer"))?;
+            Ok(Arg::Int(key, v))
+        } else {
+            self.pos = save;
+            Ok(Arg::Strategy(self.strategy()?))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_documented_form() {
+        let cases = [
+            ("mirrored(lowrank(r=1))", "mirrored(lowrank(r=1))", 2),
+            ("lowrank(r=2)", "lowrank(r=2)", 1),
+            ("seed_regenerated(chunk=4)", "seed_regenerated(chunk=4)", 1),
+            ("mirrored(seed_regenerated)", "mirrored(seed_regenerated)", 2),
+            ("iid_gaussian", "iid_gaussian", 1),
+            (" Mirrored( iid_gaussian ) ", "mirrored(iid_gaussian)", 2),
+        ];
+        for (text, canonical, pairing) in cases {
+            let s: StrategySpec = text.parse().unwrap();
+            assert_eq!(s.to_string(), canonical);
+            assert_eq!(s.pairing(), pairing, "{text}");
+            assert_eq!(canonical.parse::<StrategySpec>().unwrap(), s);
+        }
+    }
+
+    #[test]
+    fn rejects_bad_strategies_with_a_reason() {
+        for (text, needle) in [
+            ("lowrnk(r=1)", "unknown strategy \"lowrnk\""),
+            ("lowrank(r=0)", "r >= 1"),
+            ("lowrank(k=1)", "no argument \"k\""),
+            ("mirrored(mirrored(iid_gaussian))", "not a strategy"),
+            ("mirrored()", "exactly one strategy"),
+            ("lowrank(r=1) x", "unexpected text"),
+            ("lowrank(r=x)", "non-negative integer"),
+            ("", "expected a strategy name"),
+        ] {
+            let e = text.parse::<StrategySpec>().unwrap_err().to_string();
+            assert!(e.contains(needle), "{text}: {e}");
+            assert!(e.contains("valid:"), "{e}");
+        }
+    }
+}
