@@ -1,1 +1,16 @@
 //! JAX-compatible threefry random numbers.
+//!
+//! Every random number in shardes comes from threefry2x32 (Random123, 20 rounds) exactly as
+//! JAX computes it with `jax_threefry_partitionable = True` (its default), so that a JAX user
+//! gets the same numbers from `jax.random` with the same key. The definitions are those of
+//! `shared/spec/semantics.md`, "Keys and random bits".
+//!
+//! [`host`] evaluates the functions on the CPU, in plain Rust; it is the reference the
+//! emitted programs are tested against and what builds initial parameters and data. The
+//! threefry tables ([`THREEFRY_ROTATIONS`], [`THREEFRY_PARITY`], [`THREEFRY_INJECTIONS`])
+//! live in [`host`] and are the single source for every implementation.
+
+// The emitted (StableHLO) counterpart will live in `emit.rs`, reusing host's constants.
+pub mod host;
+
+pub use host::*;

@@ -1,0 +1,52 @@
+//! Test support: an independent host reference of one ES generation, written straight from
+//! `shared/spec/semantics.md` and `shared/spec/transformer_block.md` with plain loops in f32
+//! (f32 accumulation, sequential sums). It shares only the PRNG and parameter-tree types with
+//! the library, and those are checked against JAX's vectors on their own (`prng_vectors`).
+//!
+//! - [`model`]: transformer_block forward and loss through a `dense` seam;
+//! - [`es`]: noise (full rank, low-rank factors), mirrored pairing, member evaluation and
+//!   the update;
+//! - [`shaping`]: centered_ranks, centered, group_relative, none.
+
+// Each test binary uses a different part of the support code.
+#![allow(dead_code)]
+
+pub mod es;
+pub mod model;
+pub mod shaping;
+
+use std::path::PathBuf;
+
+/// Path of a file under `shared/`.
+pub fn shared(rel: &str) -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/")).join(rel)
+}
+
+/// Parses `shared/testdata/jax_prng.json`.
+pub fn jax_vectors() -> serde_json::Value {
+    let path = shared("testdata/jax_prng.json");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()))
+}
+
+/// Max absolute and max relative (to `max|b|`) difference of two slices.
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "length mismatch");
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// `‖a − b‖₂ / ‖b‖₂`, computed in f64.
+pub fn rel_norm_diff(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len(), "length mismatch");
+    let num: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (f64::from(*x) - f64::from(*y)).powi(2))
+        .sum();
+    let den: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
+    (num / den).sqrt()
+}
