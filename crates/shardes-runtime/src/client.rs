@@ -1,0 +1,311 @@
+//! PJRT clients, devices and host↔device transfers.
+
+use std::sync::Arc;
+
+use crate::buffer::{Buffer, Element};
+use crate::ffi;
+use crate::plugin::{lossy, pjrt_args, pjrt_call, Plugin};
+use crate::{Result, RuntimeError};
+
+/// Options for [`Client::new`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClientOptions {
+    /// Number of (simulated) CPU devices; passed as the plugin option `cpu_device_count`.
+    /// `None` passes no option (the plugin's default, usually 1), which keeps non-CPU plugins
+    /// that reject unknown options working.
+    pub cpu_device_count: Option<usize>,
+}
+
+/// Description of one addressable device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// The device id reported by the plugin.
+    pub id: usize,
+    /// Device kind (e.g. `cpu`).
+    pub kind: String,
+    /// The plugin's human-readable description of the device.
+    pub description: String,
+}
+
+/// The shared state behind a [`Client`]: destroyed only when the client and every buffer and
+/// executable created from it are gone.
+pub(crate) struct ClientInner {
+    pub(crate) plugin: Arc<Plugin>,
+    pub(crate) raw: *mut ffi::PJRT_Client,
+    pub(crate) devices: Vec<*mut ffi::PJRT_Device>,
+    pub(crate) infos: Vec<DeviceInfo>,
+    pub(crate) platform: String,
+}
+
+// SAFETY: PJRT clients are thread-safe by contract; device handles are owned by the client and
+// immutable; we destroy the client exactly once, in Drop.
+unsafe impl Send for ClientInner {}
+// SAFETY: as above.
+unsafe impl Sync for ClientInner {}
+
+impl Drop for ClientInner {
+    fn drop(&mut self) {
+        let mut a = pjrt_args!(PJRT_Client_Destroy_Args);
+        a.client = self.raw;
+        // SAFETY: every buffer / executable holds an `Arc<ClientInner>`, so none is alive here;
+        // the handle is destroyed exactly once. Errors cannot be reported from Drop.
+        let _ = unsafe { pjrt_call!(&*self.plugin, PJRT_Client_Destroy, &mut a) };
+    }
+}
+
+impl ClientInner {
+    pub(crate) fn device_index(&self, d: *mut ffi::PJRT_Device) -> Option<usize> {
+        self.devices.iter().position(|&x| x == d)
+    }
+}
+
+/// A PJRT client: a set of devices of one plugin. Cheap to clone (shared handle).
+#[derive(Clone)]
+pub struct Client {
+    pub(crate) inner: Arc<ClientInner>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("platform", &self.inner.platform)
+            .field("devices", &self.inner.devices.len())
+            .finish()
+    }
+}
+
+impl Client {
+    /// Creates a client on `plugin`.
+    pub fn new(plugin: Arc<Plugin>, options: ClientOptions) -> Result<Client> {
+        let name = "cpu_device_count";
+        let count: i64;
+        let mut opt = pjrt_args!(PJRT_NamedValue);
+        let mut args = pjrt_args!(PJRT_Client_Create_Args);
+        if let Some(n) = options.cpu_device_count {
+            if n == 0 {
+                return Err(RuntimeError::InvalidArgument(
+                    "cpu_device_count must be at least 1".into(),
+                ));
+            }
+            count = i64::try_from(n).map_err(|_| {
+                RuntimeError::InvalidArgument(format!("cpu_device_count {n} is too large"))
+            })?;
+            opt.name = name.as_ptr().cast();
+            opt.name_size = name.len();
+            opt.type_ = ffi::PJRT_NamedValue_kInt64;
+            opt.__bindgen_anon_1.int64_value = count;
+            opt.value_size = 1;
+            args.create_options = &opt;
+            args.num_options = 1;
+        }
+        // SAFETY: `opt` and `name` outlive the call; the plugin copies the options.
+        unsafe { pjrt_call!(&*plugin, PJRT_Client_Create, &mut args)? };
+        let raw = args.client;
+        // Own the handle right away so that it is destroyed if a query below fails.
+        let mut inner = ClientInner {
+            plugin,
+            raw,
+            devices: Vec::new(),
+            infos: Vec::new(),
+            platform: String::new(),
+        };
+        inner.platform = query_platform(&inner)?;
+        inner.devices = query_devices(&inner)?;
+        inner.infos = inner
+            .devices
+            .iter()
+            .map(|&d| describe(&inner, d))
+            .collect::<Result<_>>()?;
+        Ok(Client {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// A CPU client with `devices` devices on the default plugin (discovery and provisioning as
+    /// in [`crate::plugin::locate`]).
+    pub fn cpu(devices: usize) -> Result<Client> {
+        Client::new(
+            Plugin::load_default()?,
+            ClientOptions {
+                cpu_device_count: Some(devices),
+            },
+        )
+    }
+
+    /// The plugin this client runs on.
+    pub fn plugin(&self) -> &Arc<Plugin> {
+        &self.inner.plugin
+    }
+
+    /// Addressable devices, in the order used for device indices everywhere in this crate.
+    pub fn devices(&self) -> Vec<DeviceInfo> {
+        self.inner.infos.clone()
+    }
+
+    /// Number of addressable devices.
+    pub fn device_count(&self) -> usize {
+        self.inner.devices.len()
+    }
+
+    /// Platform name (e.g. `cpu`).
+    pub fn platform_name(&self) -> String {
+        self.inner.platform.clone()
+    }
+
+    /// Copies `data` (dense, row-major, with shape `dims`) to device `device`.
+    pub fn buffer_from_host<T: Element>(
+        &self,
+        data: &[T],
+        dims: &[usize],
+        device: usize,
+    ) -> Result<Buffer> {
+        let expected: usize = dims.iter().product();
+        if expected != data.len() {
+            return Err(RuntimeError::HostDataLength {
+                dims: dims.to_vec(),
+                expected,
+                got: data.len(),
+            });
+        }
+        let dev = *self
+            .inner
+            .devices
+            .get(device)
+            .ok_or(RuntimeError::NoSuchDevice {
+                device,
+                count: self.inner.devices.len(),
+            })?;
+        let dims_i64 = dims
+            .iter()
+            .map(|&d| i64::try_from(d))
+            .collect::<std::result::Result<Vec<i64>, _>>()
+            .map_err(|_| RuntimeError::InvalidArgument(format!("dims {dims:?} overflow i64")))?;
+        let plugin = &*self.inner.plugin;
+        let mut a = pjrt_args!(PJRT_Client_BufferFromHostBuffer_Args);
+        a.client = self.inner.raw;
+        a.data = data.as_ptr().cast();
+        a.type_ = T::TYPE.to_pjrt();
+        a.dims = dims_i64.as_ptr();
+        a.num_dims = dims_i64.len();
+        a.host_buffer_semantics = ffi::PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
+        a.device = dev;
+        // SAFETY: `data` is valid for `len * size_of::<T>()` bytes and every `Element` has
+        // XLA's byte layout (bool is one byte holding 0 or 1, like pred); with
+        // kImmutableOnlyDuringCall the plugin copies it before returning, and we also await
+        // `done_with_host_buffer` before `data` can be released.
+        unsafe { pjrt_call!(plugin, PJRT_Client_BufferFromHostBuffer, &mut a)? };
+        let buffer = Buffer::new_known(
+            Arc::clone(&self.inner),
+            a.buffer,
+            device,
+            T::TYPE,
+            dims.to_vec(),
+        );
+        plugin.await_event(a.done_with_host_buffer)?;
+        Ok(buffer)
+    }
+
+    /// Splits `data` (shape `dims`) along dimension 0 into equal row blocks, one per device in
+    /// device order. Errors if dim 0 is not a multiple of the device count.
+    pub fn scatter_rows<T: Element>(&self, data: &[T], dims: &[usize]) -> Result<Vec<Buffer>> {
+        let n = self.device_count();
+        let expected: usize = dims.iter().product();
+        if expected != data.len() {
+            return Err(RuntimeError::HostDataLength {
+                dims: dims.to_vec(),
+                expected,
+                got: data.len(),
+            });
+        }
+        let rows = *dims.first().ok_or_else(|| {
+            RuntimeError::InvalidArgument("scatter_rows needs an array of rank >= 1".into())
+        })?;
+        if n == 0 || rows % n != 0 {
+            return Err(RuntimeError::UnevenSplit { rows, devices: n });
+        }
+        let mut block_dims = dims.to_vec();
+        block_dims[0] = rows / n;
+        let block: usize = block_dims.iter().product();
+        (0..n)
+            .map(|d| self.buffer_from_host(&data[d * block..(d + 1) * block], &block_dims, d))
+            .collect()
+    }
+
+    /// Copies `data` (shape `dims`) to every device, in device order.
+    pub fn replicate<T: Element>(&self, data: &[T], dims: &[usize]) -> Result<Vec<Buffer>> {
+        (0..self.device_count())
+            .map(|d| self.buffer_from_host(data, dims, d))
+            .collect()
+    }
+}
+
+/// Concatenates per-device row blocks (e.g. a row-sharded output, one buffer per device) back
+/// into one host array, in the given order. All buffers must have the same type and the same
+/// dims after dimension 0.
+pub fn gather_rows<T: Element>(buffers: &[Buffer]) -> Result<Vec<T>> {
+    let Some(first) = buffers.first() else {
+        return Ok(Vec::new());
+    };
+    let tail = first.dims().get(1..).unwrap_or(&[]);
+    let mut out = Vec::new();
+    for (i, b) in buffers.iter().enumerate() {
+        if b.dims().is_empty() || b.dims()[1..] != *tail {
+            return Err(RuntimeError::ShapeMismatch {
+                what: format!("gather_rows: buffer {i} (dims after the row dimension)"),
+                expected: tail.to_vec(),
+                got: b.dims().get(1..).unwrap_or(&[]).to_vec(),
+            });
+        }
+        out.extend(b.to_host::<T>()?);
+    }
+    Ok(out)
+}
+
+fn query_platform(inner: &ClientInner) -> Result<String> {
+    let mut a = pjrt_args!(PJRT_Client_PlatformName_Args);
+    a.client = inner.raw;
+    // SAFETY: live client; the returned string lives as long as the client.
+    unsafe {
+        pjrt_call!(&*inner.plugin, PJRT_Client_PlatformName, &mut a)?;
+        Ok(lossy(a.platform_name, a.platform_name_size))
+    }
+}
+
+fn query_devices(inner: &ClientInner) -> Result<Vec<*mut ffi::PJRT_Device>> {
+    let mut a = pjrt_args!(PJRT_Client_AddressableDevices_Args);
+    a.client = inner.raw;
+    // SAFETY: live client; the returned array lives as long as the client.
+    unsafe {
+        pjrt_call!(&*inner.plugin, PJRT_Client_AddressableDevices, &mut a)?;
+        if a.addressable_devices.is_null() {
+            return Ok(Vec::new());
+        }
+        Ok(std::slice::from_raw_parts(a.addressable_devices, a.num_addressable_devices).to_vec())
+    }
+}
+
+fn describe(inner: &ClientInner, dev: *mut ffi::PJRT_Device) -> Result<DeviceInfo> {
+    let plugin = &*inner.plugin;
+    let mut g = pjrt_args!(PJRT_Device_GetDescription_Args);
+    g.device = dev;
+    // SAFETY: `dev` belongs to the live client; descriptions and their strings live as long
+    // as the client.
+    unsafe {
+        pjrt_call!(plugin, PJRT_Device_GetDescription, &mut g)?;
+        let desc = g.device_description;
+        let mut id = pjrt_args!(PJRT_DeviceDescription_Id_Args);
+        id.device_description = desc;
+        pjrt_call!(plugin, PJRT_DeviceDescription_Id, &mut id)?;
+        let mut kind = pjrt_args!(PJRT_DeviceDescription_Kind_Args);
+        kind.device_description = desc;
+        pjrt_call!(plugin, PJRT_DeviceDescription_Kind, &mut kind)?;
+        let mut dbg = pjrt_args!(PJRT_DeviceDescription_DebugString_Args);
+        dbg.device_description = desc;
+        pjrt_call!(plugin, PJRT_DeviceDescription_DebugString, &mut dbg)?;
+        Ok(DeviceInfo {
+            id: usize::try_from(id.id).unwrap_or(0),
+            kind: lossy(kind.device_kind, kind.device_kind_size),
+            description: lossy(dbg.debug_string, dbg.debug_string_size),
+        })
+    }
+}

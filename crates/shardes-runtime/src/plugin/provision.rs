@@ -1,0 +1,358 @@
+//! Finding a plugin file, and provisioning the pinned CPU plugin into a per-user cache.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use sha2::{Digest, Sha256};
+
+use crate::{Result, RuntimeError};
+
+/// Python package that ships the pinned PJRT CPU plugin.
+pub const PACKAGE: &str = "xla-cpu-pjrt";
+/// Pinned version of [`PACKAGE`].
+pub const VERSION: &str = "0.0.1";
+/// sha256 of the pinned wheel (`xla_cpu_pjrt-0.0.1-py3-none-manylinux_2_27_x86_64.whl`).
+pub const WHEEL_SHA256: &str = "55837b6b7b47daa717f2d9a5a03563ea0ceaa338d06a81a1e2d3f060d960decc";
+/// sha256 of the plugin shared library inside the pinned wheel.
+pub const SO_SHA256: &str = "88c3f28c5900f48ad4a82cab9e79bba9537809743395e341485f8794268820dc";
+/// Path of the plugin inside the wheel.
+pub const SO_PATH_IN_WHEEL: &str = "xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so";
+
+const SO_FILE_NAME: &str = "xla_cpu_pjrt.so";
+const ENV_PLUGIN: &str = "SHARDES_PJRT_PLUGIN";
+const ENV_CACHE: &str = "SHARDES_CACHE_DIR";
+const ENV_PYTHON: &str = "SHARDES_PYTHON";
+const REPO_DIR: &str = "xla_extension";
+
+/// Finds a PJRT plugin file, provisioning the pinned CPU plugin if nothing else is found.
+///
+/// Order: `explicit` → env `SHARDES_PJRT_PLUGIN` → `xla_extension/*.so` in the repository
+/// (searched upwards from the current directory, then next to the crate's source tree) → the
+/// per-user cache (see [`cache_root`]); if the cache is empty, [`provision`] fills it.
+///
+/// An explicit path or the environment variable must name an existing file; it is not
+/// checksummed (any PJRT plugin is accepted). Errors list every path that was tried.
+pub fn locate(explicit: Option<&Path>) -> Result<PathBuf> {
+    if let Some(p) = explicit {
+        return existing(p);
+    }
+    if let Some(p) = std::env::var_os(ENV_PLUGIN).filter(|v| !v.is_empty()) {
+        return existing(Path::new(&p));
+    }
+    let mut tried = Vec::new();
+    for dir in repo_plugin_dirs() {
+        if let Some(so) = plugin_in_dir(&dir) {
+            return Ok(so);
+        }
+        tried.push(dir.join("*.so"));
+    }
+    let root = cache_root()?;
+    let cached = cached_plugin_path(&root);
+    if cached.is_file() {
+        return Ok(cached);
+    }
+    tried.push(cached);
+    provision_into(&root).map_err(|e| RuntimeError::PluginNotFound {
+        tried,
+        provision_hint: e.to_string(),
+    })
+}
+
+fn existing(p: &Path) -> Result<PathBuf> {
+    if p.is_file() {
+        Ok(p.to_path_buf())
+    } else {
+        Err(RuntimeError::PluginMissing {
+            path: p.to_path_buf(),
+        })
+    }
+}
+
+/// Candidate `xla_extension/` directories: upwards from the current directory, then the one
+/// next to this crate's sources (baked in at compile time, so tests and tools run from anywhere
+/// inside or outside the checkout still find it).
+fn repo_plugin_dirs() -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    if let Ok(cwd) = std::env::current_dir() {
+        for anc in cwd.ancestors() {
+            let d = anc.join(REPO_DIR);
+            if d.is_dir() {
+                dirs.push(d);
+                break;
+            }
+        }
+    }
+    let baked = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("..")
+        .join(REPO_DIR);
+    if baked.is_dir() && !dirs.iter().any(|d| same_dir(d, &baked)) {
+        dirs.push(baked);
+    }
+    dirs
+}
+
+fn same_dir(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    }
+}
+
+/// The plugin in a repository `xla_extension/` directory: `xla_cpu_pjrt.so` if present,
+/// otherwise the first `*.so` in name order (so the choice is deterministic).
+fn plugin_in_dir(dir: &Path) -> Option<PathBuf> {
+    let preferred = dir.join(SO_FILE_NAME);
+    if preferred.is_file() {
+        return Some(preferred);
+    }
+    let mut sos: Vec<PathBuf> = fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "so"))
+        .collect();
+    sos.sort();
+    sos.into_iter().next()
+}
+
+/// Root of shardes' per-user cache: `$SHARDES_CACHE_DIR` if set, else
+/// `$XDG_CACHE_HOME/shardes`, else `~/.cache/shardes`.
+pub fn cache_root() -> Result<PathBuf> {
+    if let Some(d) = std::env::var_os(ENV_CACHE).filter(|v| !v.is_empty()) {
+        return Ok(PathBuf::from(d));
+    }
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
+        return Ok(PathBuf::from(d).join("shardes"));
+    }
+    match std::env::var_os("HOME").filter(|v| !v.is_empty()) {
+        Some(h) => Ok(PathBuf::from(h).join(".cache").join("shardes")),
+        None => Err(RuntimeError::Provision {
+            reason: "no cache directory: neither SHARDES_CACHE_DIR, XDG_CACHE_HOME nor HOME is set"
+                .into(),
+            manual: manual_steps(Path::new("$SHARDES_CACHE_DIR")),
+        }),
+    }
+}
+
+/// Where the pinned plugin lives under cache root `root`:
+/// `root/pjrt/xla-cpu-pjrt-0.0.1-<first 12 hex of the .so sha256>/xla_cpu_pjrt.so`.
+pub fn cached_plugin_path(root: &Path) -> PathBuf {
+    root.join("pjrt")
+        .join(format!("{PACKAGE}-{VERSION}-{}", &SO_SHA256[..12]))
+        .join(SO_FILE_NAME)
+}
+
+/// Provisions the pinned CPU plugin into the default cache root ([`cache_root`]) and returns
+/// its path. A no-op if it is already there.
+pub fn provision() -> Result<PathBuf> {
+    provision_into(&cache_root()?)
+}
+
+/// Provisions the pinned CPU plugin under cache root `root` (see [`cached_plugin_path`]).
+///
+/// Safe to call concurrently from threads and processes: an exclusive file lock in the target
+/// directory serialises the work, and the file appears atomically (written to a temporary
+/// name, fsynced, renamed), so readers never see a partial plugin. The wheel is fetched by
+/// `python3 -m pip download` (override the interpreter with `SHARDES_PYTHON`) with the version
+/// and the wheel's sha256 pinned; the extracted library's sha256 is checked as well.
+pub fn provision_into(root: &Path) -> Result<PathBuf> {
+    let target = cached_plugin_path(root);
+    if target.is_file() {
+        return Ok(target);
+    }
+    let dir = target
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| root.to_path_buf());
+    let fail = |reason: String| RuntimeError::Provision {
+        reason,
+        manual: manual_steps(&dir),
+    };
+    fs::create_dir_all(&dir).map_err(|e| fail(format!("cannot create {}: {e}", dir.display())))?;
+    let lock_path = dir.join(".lock");
+    let lock = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| {
+            fail(format!(
+                "cannot open lock file {}: {e}",
+                lock_path.display()
+            ))
+        })?;
+    let _guard = FileLock::exclusive(&lock)
+        .map_err(|e| fail(format!("cannot lock {}: {e}", lock_path.display())))?;
+    // Another thread or process may have finished while we waited for the lock.
+    if target.is_file() {
+        return Ok(target);
+    }
+    let work = dir.join(format!(".download-{}-{}", std::process::id(), unique()));
+    let result = download_and_install(&work, &dir, &target).map_err(fail);
+    // Best effort: a leftover scratch directory is harmless and named so it is recognisable.
+    let _ = fs::remove_dir_all(&work);
+    result.map(|()| target)
+}
+
+fn download_and_install(work: &Path, dir: &Path, target: &Path) -> Result<(), String> {
+    let wheel_dir = work.join("wheel");
+    fs::create_dir_all(&wheel_dir).map_err(|e| format!("cannot create {}: {e}", work.display()))?;
+    let req = work.join("requirements.txt");
+    fs::write(
+        &req,
+        format!("{PACKAGE}=={VERSION} --hash=sha256:{WHEEL_SHA256}\n"),
+    )
+    .map_err(|e| format!("cannot write {}: {e}", req.display()))?;
+    let python = std::env::var(ENV_PYTHON).unwrap_or_else(|_| "python3".to_string());
+    let output = Command::new(&python)
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary",
+            ":all:",
+            "--require-hashes",
+            "--disable-pip-version-check",
+            "--quiet",
+            "-r",
+        ])
+        .arg(&req)
+        .arg("-d")
+        .arg(&wheel_dir)
+        .output()
+        .map_err(|e| format!("cannot run `{python} -m pip`: {e}"))?;
+    if !output.status.success() {
+        return Err(format!(
+            "`{python} -m pip download` failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        ));
+    }
+    let wheel = fs::read_dir(&wheel_dir)
+        .map_err(|e| format!("cannot list {}: {e}", wheel_dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "whl"))
+        .ok_or_else(|| {
+            format!(
+                "pip reported success but left no wheel in {}",
+                wheel_dir.display()
+            )
+        })?;
+
+    let wheel_file =
+        File::open(&wheel).map_err(|e| format!("cannot open {}: {e}", wheel.display()))?;
+    let mut archive = zip::ZipArchive::new(wheel_file)
+        .map_err(|e| format!("{} is not a valid wheel: {e}", wheel.display()))?;
+    let mut entry = archive
+        .by_name(SO_PATH_IN_WHEEL)
+        .map_err(|e| format!("{} lacks {SO_PATH_IN_WHEEL}: {e}", wheel.display()))?;
+
+    let partial = dir.join(format!(
+        ".{SO_FILE_NAME}.{}-{}.partial",
+        std::process::id(),
+        unique()
+    ));
+    let copy = (|| -> Result<String, String> {
+        let mut out = File::create(&partial)
+            .map_err(|e| format!("cannot create {}: {e}", partial.display()))?;
+        let mut hasher = Sha256::new();
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = entry
+                .read(&mut buf)
+                .map_err(|e| format!("cannot unpack {SO_PATH_IN_WHEEL}: {e}"))?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buf[..n]);
+            out.write_all(&buf[..n])
+                .map_err(|e| format!("cannot write {}: {e}", partial.display()))?;
+        }
+        out.sync_all()
+            .map_err(|e| format!("cannot fsync {}: {e}", partial.display()))?;
+        Ok(hex(&hasher.finalize()))
+    })();
+    let digest = match copy {
+        Ok(d) => d,
+        Err(e) => {
+            let _ = fs::remove_file(&partial);
+            return Err(e);
+        }
+    };
+    if digest != SO_SHA256 {
+        let _ = fs::remove_file(&partial);
+        return Err(format!(
+            "{SO_PATH_IN_WHEEL} has sha256 {digest}, expected {SO_SHA256}"
+        ));
+    }
+    fs::rename(&partial, target).map_err(|e| {
+        let _ = fs::remove_file(&partial);
+        format!("cannot move plugin into {}: {e}", target.display())
+    })?;
+    // Make the rename itself durable.
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+/// The exact commands that do by hand what provisioning does.
+fn manual_steps(dir: &Path) -> String {
+    format!(
+        "run `python3 -m pip download --no-deps {PACKAGE}=={VERSION} -d /tmp/xla-wheel && \
+         mkdir -p {dir} && unzip -j -o /tmp/xla-wheel/xla_cpu_pjrt-{VERSION}-*.whl \
+         {SO_PATH_IN_WHEEL} -d {dir}` (the .so's sha256 must be {SO_SHA256}), or set \
+         {ENV_PLUGIN}=/path/to/a/pjrt_plugin.so",
+        dir = dir.display()
+    )
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A per-process-unique suffix for scratch names (threads of one process must not collide).
+fn unique() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("{}-{nanos}", COUNTER.fetch_add(1, Ordering::Relaxed))
+}
+
+/// An exclusive `flock` held until drop.
+///
+/// `flock` locks belong to the open file description, so separate `open`s of the lock file
+/// exclude each other across threads of one process as well as across processes.
+struct FileLock<'a>(&'a File);
+
+impl<'a> FileLock<'a> {
+    fn exclusive(file: &'a File) -> std::io::Result<Self> {
+        use std::os::fd::AsRawFd;
+        loop {
+            // SAFETY: `file` is open for the duration of the call; flock has no memory effects.
+            let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
+            if rc == 0 {
+                return Ok(FileLock(file));
+            }
+            let err = std::io::Error::last_os_error();
+            if err.kind() != std::io::ErrorKind::Interrupted {
+                return Err(err);
+            }
+        }
+    }
+}
+
+impl Drop for FileLock<'_> {
+    fn drop(&mut self) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: the file is still open (borrowed for our lifetime). Closing the file would
+        // release the lock anyway, so a failure here is harmless.
+        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
+    }
+}
