@@ -1,7 +1,7 @@
 //! Fitness shaping (fitness → weights), from semantics.md "Shaping".
 
 /// `centered_ranks`: NaN → +inf; midranks (ties share the mean of their 0-based positions,
-/// in f32); `w = midrank / (n − 1) − 0.5`. `n < 2` gives zeros.
+/// in f32); `w = midrank · f32(1/(n − 1)) − 0.5`. `n < 2` gives zeros.
 pub fn centered_ranks(f: &[f32]) -> Vec<f32> {
     let n = f.len();
     if n < 2 {
@@ -14,7 +14,10 @@ pub fn centered_ranks(f: &[f32]) -> Vec<f32> {
     let mut order: Vec<usize> = (0..n).collect();
     order.sort_by(|&a, &b| v[a].total_cmp(&v[b]));
     let mut w = vec![0.0f32; n];
-    let denom = (n - 1) as f32;
+    // XLA rewrites division by a constant into multiplication by its f32 reciprocal; the
+    // JAX reference's weights are bit-exact only in that form (`/` is 1 ulp off for 111 of
+    // the quickstart's 256 weights).
+    let inv = 1.0 / (n - 1) as f32;
     let mut p = 0;
     while p < n {
         let mut q = p;
@@ -24,7 +27,7 @@ pub fn centered_ranks(f: &[f32]) -> Vec<f32> {
         }
         let mid = (p as f32 + q as f32) / 2.0;
         for &i in &order[p..=q] {
-            w[i] = mid / denom - 0.5;
+            w[i] = mid * inv - 0.5;
         }
         p = q + 1;
     }
