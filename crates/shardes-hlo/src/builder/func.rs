@@ -1,0 +1,830 @@
+//! Function bodies: the shared build context, values, regions and the printer.
+//!
+//! A [`Func`] is a cheap handle (`Rc`) to one function under construction. Every
+//! [`Value`] holds the same handle plus its SSA id, so ops are plain methods on values.
+//! Regions (while bodies, reduce bodies, sort comparators, manual computations) are
+//! built by closures: while a closure runs, new ops go into the region's block.
+
+use std::cell::RefCell;
+use std::collections::HashSet;
+use std::fmt;
+use std::rc::Rc;
+
+use super::error::{HloError, Result};
+use super::module::{Mesh, Sharding};
+use super::types::TensorType;
+
+pub(crate) type ValueId = usize;
+pub(crate) type BlockId = usize;
+
+/// One piece of an op's printed text: literal text, a value reference (resolved at
+/// print time so that renaming with [`Value::named`] works), or a nested region.
+#[derive(Clone, Debug)]
+pub(crate) enum Piece {
+    Text(String),
+    Val(ValueId),
+    /// A region: `{`, optional `^bb0(args):` header, the ops, `}`.
+    Region(BlockId),
+    /// `%a: tensor<..>, %b: tensor<..>` for a block's arguments (manual_computation style).
+    BlockArgs(BlockId),
+}
+
+/// Builds the piece list of one op.
+#[derive(Default)]
+pub(crate) struct P(pub(crate) Vec<Piece>);
+
+impl P {
+    pub(crate) fn new() -> Self {
+        P(Vec::new())
+    }
+    pub(crate) fn t(mut self, s: impl Into<String>) -> Self {
+        self.0.push(Piece::Text(s.into()));
+        self
+    }
+    pub(crate) fn v(mut self, v: &Value) -> Self {
+        self.0.push(Piece::Val(v.id));
+        self
+    }
+    /// Values separated by `, `.
+    pub(crate) fn vs(mut self, vals: &[&Value]) -> Self {
+        for (i, v) in vals.iter().enumerate() {
+            if i > 0 {
+                self.0.push(Piece::Text(", ".into()));
+            }
+            self.0.push(Piece::Val(v.id));
+        }
+        self
+    }
+    pub(crate) fn region(mut self, b: BlockId) -> Self {
+        self.0.push(Piece::Region(b));
+        self
+    }
+    pub(crate) fn block_args(mut self, b: BlockId) -> Self {
+        self.0.push(Piece::BlockArgs(b));
+        self
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct OpRec {
+    results: Vec<ValueId>,
+    pieces: Vec<Piece>,
+}
+
+#[derive(Debug)]
+struct ValueInfo {
+    ty: TensorType,
+    group: usize,
+    index: Option<usize>,
+    block: BlockId,
+}
+
+#[derive(Debug)]
+struct BlockInfo {
+    parent: Option<BlockId>,
+    isolated: bool,
+    manual: Option<i64>,
+    header: bool,
+    open: bool,
+    args: Vec<ValueId>,
+    ops: Vec<OpRec>,
+}
+
+/// A call made from this function, checked against the module when the function is added.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct CallRecord {
+    pub(crate) callee: Callee,
+}
+
+#[derive(Debug)]
+pub(crate) struct FuncState {
+    pub(crate) name: String,
+    pub(crate) public: bool,
+    pub(crate) mesh: Option<Mesh>,
+    pub(crate) uses_mesh: bool,
+    values: Vec<ValueInfo>,
+    groups: Vec<String>,
+    used: HashSet<String>,
+    next_auto: usize,
+    blocks: Vec<BlockInfo>,
+    stack: Vec<BlockId>,
+    arg_shardings: Vec<Option<Sharding>>,
+    outputs: Vec<(ValueId, Option<Sharding>)>,
+    pub(crate) calls: Vec<CallRecord>,
+    next_channel: i64,
+    finished: bool,
+}
+
+/// Region properties chosen by the op that owns the region.
+pub(crate) struct RegionSpec {
+    /// Values from enclosing blocks may not be used inside (reduce bodies, comparators, shard_map).
+    pub(crate) isolated: bool,
+    /// Marks a manual-computation body with the mesh size (collectives are legal inside).
+    pub(crate) manual: Option<i64>,
+    /// Print `^bb0(args):` inside the braces (generic op form).
+    pub(crate) header: bool,
+    /// Terminator op name, e.g. `stablehlo.return`.
+    pub(crate) terminator: &'static str,
+}
+
+fn sanitize(hint: &str) -> String {
+    let mut s: String = hint
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '$' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if s.is_empty() || s.starts_with(|c: char| c.is_ascii_digit()) {
+        s.insert_str(0, "v_");
+    }
+    s
+}
+
+impl FuncState {
+    fn fresh_name(&mut self, hint: Option<&str>) -> String {
+        let name = match hint {
+            Some(h) => {
+                let base = sanitize(h);
+                let mut cand = base.clone();
+                let mut k = 1;
+                while self.used.contains(&cand) {
+                    cand = format!("{base}_{k}");
+                    k += 1;
+                }
+                cand
+            }
+            None => loop {
+                let cand = self.next_auto.to_string();
+                self.next_auto += 1;
+                if !self.used.contains(&cand) {
+                    break cand;
+                }
+            },
+        };
+        self.used.insert(name.clone());
+        name
+    }
+
+    fn new_value(
+        &mut self,
+        ty: TensorType,
+        group: usize,
+        index: Option<usize>,
+        block: BlockId,
+    ) -> ValueId {
+        self.values.push(ValueInfo {
+            ty,
+            group,
+            index,
+            block,
+        });
+        self.values.len() - 1
+    }
+
+    fn current(&self) -> BlockId {
+        self.stack.last().copied().unwrap_or(0)
+    }
+
+    fn value_ref(&self, id: ValueId) -> String {
+        let v = &self.values[id];
+        match v.index {
+            Some(i) => format!("%{}#{}", self.groups[v.group], i),
+            None => format!("%{}", self.groups[v.group]),
+        }
+    }
+
+    fn describe(&self, id: ValueId) -> String {
+        format!("{}: {}", self.value_ref(id), self.values[id].ty)
+    }
+
+    fn print_block_args(&self, b: BlockId, out: &mut String) {
+        let args: Vec<String> = self.blocks[b]
+            .args
+            .iter()
+            .map(|&a| format!("{}: {}", self.value_ref(a), self.values[a].ty))
+            .collect();
+        out.push_str(&args.join(", "));
+    }
+
+    fn print_ops(&self, b: BlockId, indent: usize, out: &mut String) {
+        for op in &self.blocks[b].ops {
+            self.print_op(op, indent, out);
+        }
+    }
+
+    fn print_op(&self, op: &OpRec, indent: usize, out: &mut String) {
+        out.push_str(&" ".repeat(indent));
+        match op.results.len() {
+            0 => {}
+            1 => {
+                out.push_str(&self.value_ref(op.results[0]));
+                out.push_str(" = ");
+            }
+            n => {
+                let g = self.values[op.results[0]].group;
+                out.push_str(&format!("%{}:{} = ", self.groups[g], n));
+            }
+        }
+        for p in &op.pieces {
+            match p {
+                Piece::Text(s) => out.push_str(s),
+                Piece::Val(id) => out.push_str(&self.value_ref(*id)),
+                Piece::BlockArgs(b) => self.print_block_args(*b, out),
+                Piece::Region(b) => {
+                    out.push_str("{\n");
+                    if self.blocks[*b].header {
+                        out.push_str(&" ".repeat(indent));
+                        out.push_str("^bb0(");
+                        self.print_block_args(*b, out);
+                        out.push_str("):\n");
+                    }
+                    self.print_ops(*b, indent + 2, out);
+                    out.push_str(&" ".repeat(indent));
+                    out.push('}');
+                }
+            }
+        }
+        out.push('\n');
+    }
+
+    pub(crate) fn print(&self, out: &mut String) {
+        let vis = if self.public { "public" } else { "private" };
+        out.push_str(&format!("  func.func {vis} @{}(", self.name));
+        let args: Vec<String> = self.blocks[0]
+            .args
+            .iter()
+            .zip(&self.arg_shardings)
+            .map(|(&a, s)| {
+                let mut t = format!("{}: {}", self.value_ref(a), self.values[a].ty);
+                if let (Some(s), Some(m)) = (s, &self.mesh) {
+                    t.push_str(&format!(" {{sdy.sharding = #sdy.sharding{}}}", s.mlir(m)));
+                }
+                t
+            })
+            .collect();
+        out.push_str(&args.join(", "));
+        out.push(')');
+        if !self.outputs.is_empty() {
+            let res: Vec<String> = self
+                .outputs
+                .iter()
+                .map(|(v, s)| {
+                    let mut t = self.values[*v].ty.to_string();
+                    if let (Some(s), Some(m)) = (s, &self.mesh) {
+                        t.push_str(&format!(" {{sdy.sharding = #sdy.sharding{}}}", s.mlir(m)));
+                    }
+                    t
+                })
+                .collect();
+            out.push_str(&format!(" -> ({})", res.join(", ")));
+        }
+        out.push_str(" {\n");
+        self.print_ops(0, 4, out);
+        let refs: Vec<String> = self
+            .outputs
+            .iter()
+            .map(|(v, _)| self.value_ref(*v))
+            .collect();
+        let tys: Vec<String> = self
+            .outputs
+            .iter()
+            .map(|(v, _)| self.values[*v].ty.to_string())
+            .collect();
+        if refs.is_empty() {
+            out.push_str("    return\n");
+        } else {
+            out.push_str(&format!(
+                "    return {} : {}\n",
+                refs.join(", "),
+                tys.join(", ")
+            ));
+        }
+        out.push_str("  }\n");
+    }
+
+    pub(crate) fn value_types(&self) -> Vec<TensorType> {
+        self.values.iter().map(|v| v.ty.clone()).collect()
+    }
+
+    pub(crate) fn signature(&self) -> (Vec<TensorType>, Vec<TensorType>) {
+        let args = self.blocks[0]
+            .args
+            .iter()
+            .map(|&a| self.values[a].ty.clone())
+            .collect();
+        let res = self
+            .outputs
+            .iter()
+            .map(|(v, _)| self.values[*v].ty.clone())
+            .collect();
+        (args, res)
+    }
+}
+
+/// A handle to a function under construction. Cloning is cheap and yields the same function.
+///
+/// Functions named `main` are public; every other function is private (a helper reached
+/// through [`Func::call`]).
+#[derive(Clone)]
+pub struct Func {
+    pub(crate) st: Rc<RefCell<FuncState>>,
+}
+
+impl fmt::Debug for Func {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.st.try_borrow() {
+            Ok(s) => write!(f, "Func(@{})", s.name),
+            Err(_) => f.write_str("Func(<busy>)"),
+        }
+    }
+}
+
+/// A finished function, ready to be added to a [`super::Module`].
+#[derive(Clone)]
+pub struct Function {
+    pub(crate) st: Rc<RefCell<FuncState>>,
+}
+
+impl fmt::Debug for Function {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Function(@{})", self.st.borrow().name)
+    }
+}
+
+impl Function {
+    /// The function's name.
+    pub fn name(&self) -> String {
+        self.st.borrow().name.clone()
+    }
+
+    /// The callable signature of this function.
+    pub fn callee(&self) -> Callee {
+        let st = self.st.borrow();
+        let (args, results) = st.signature();
+        Callee {
+            name: st.name.clone(),
+            args,
+            results,
+        }
+    }
+
+    /// Every value type in the function, block arguments of nested regions included.
+    pub fn value_types(&self) -> Vec<TensorType> {
+        self.st.borrow().value_types()
+    }
+}
+
+/// The name and signature of a function that other functions may `call`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Callee {
+    /// Function name (without `@`).
+    pub name: String,
+    /// Argument types.
+    pub args: Vec<TensorType>,
+    /// Result types.
+    pub results: Vec<TensorType>,
+}
+
+/// A typed SSA value of a function under construction.
+///
+/// Holds a handle to its function, so ops are methods (`x.add(&y)?`). A value may be used
+/// in the block that defines it and in regions nested inside that block, except across
+/// isolated regions (reduce bodies, sort comparators, manual computations).
+#[derive(Clone)]
+pub struct Value {
+    pub(crate) f: Rc<RefCell<FuncState>>,
+    pub(crate) id: ValueId,
+    pub(crate) ty: TensorType,
+}
+
+impl fmt::Debug for Value {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.f.try_borrow() {
+            Ok(s) => write!(f, "Value({})", s.describe(self.id)),
+            Err(_) => write!(f, "Value(#{}: {})", self.id, self.ty),
+        }
+    }
+}
+
+impl Value {
+    /// The value's tensor type.
+    pub fn ty(&self) -> &TensorType {
+        &self.ty
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> super::types::DType {
+        self.ty.dtype
+    }
+
+    /// The static shape.
+    pub fn shape(&self) -> &[i64] {
+        &self.ty.shape
+    }
+
+    /// The rank.
+    pub fn rank(&self) -> usize {
+        self.ty.shape.len()
+    }
+
+    /// The function this value belongs to.
+    pub fn func(&self) -> Func {
+        Func { st: self.f.clone() }
+    }
+
+    /// The SSA reference as printed, e.g. `%logits` or `%3#1`.
+    pub fn name(&self) -> String {
+        self.f.borrow().value_ref(self.id)
+    }
+
+    /// Gives the value a readable SSA name (made unique with `_1`, `_2`, ...). For one result
+    /// of a multi-result op this names the whole result group (`%name#i`).
+    pub fn named(&self, name: &str) -> Value {
+        let mut st = self.f.borrow_mut();
+        let fresh = st.fresh_name(Some(name));
+        let g = st.values[self.id].group;
+        st.groups[g] = fresh;
+        self.clone()
+    }
+
+    pub(crate) fn describe(&self) -> String {
+        match self.f.try_borrow() {
+            Ok(s) => s.describe(self.id),
+            Err(_) => format!("#{}: {}", self.id, self.ty),
+        }
+    }
+}
+
+/// Comma-separated types of `vals`, for error messages and printing.
+pub(crate) fn types_of(vals: &[&Value]) -> String {
+    vals.iter()
+        .map(|v| v.ty.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Comma-separated tensor types.
+pub(crate) fn join_types(tys: &[TensorType]) -> String {
+    tys.iter()
+        .map(|t| t.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `(a, b) -> c` or `(a) -> (b, c)`.
+pub(crate) fn fn_type(args: &[TensorType], results: &[TensorType]) -> String {
+    let res = if results.len() == 1 {
+        results[0].to_string()
+    } else {
+        format!("({})", join_types(results))
+    };
+    format!("({}) -> {}", join_types(args), res)
+}
+
+impl Func {
+    /// Starts a function without a mesh (no sharding annotations allowed).
+    pub fn new(name: &str) -> Self {
+        Self::build(name, None)
+    }
+
+    /// Starts a function whose shardings refer to `mesh`.
+    pub fn with_mesh(name: &str, mesh: &Mesh) -> Self {
+        Self::build(name, Some(mesh.clone()))
+    }
+
+    fn build(name: &str, mesh: Option<Mesh>) -> Self {
+        let st = FuncState {
+            name: sanitize(name),
+            public: name == "main",
+            mesh,
+            uses_mesh: false,
+            values: Vec::new(),
+            groups: Vec::new(),
+            used: HashSet::new(),
+            next_auto: 0,
+            blocks: vec![BlockInfo {
+                parent: None,
+                isolated: true,
+                manual: None,
+                header: false,
+                open: true,
+                args: Vec::new(),
+                ops: Vec::new(),
+            }],
+            stack: vec![0],
+            arg_shardings: Vec::new(),
+            outputs: Vec::new(),
+            calls: Vec::new(),
+            next_channel: 1,
+            finished: false,
+        };
+        Func {
+            st: Rc::new(RefCell::new(st)),
+        }
+    }
+
+    /// The function's name.
+    pub fn name(&self) -> String {
+        self.st.borrow().name.clone()
+    }
+
+    /// The mesh this function's shardings refer to, if any.
+    pub fn mesh(&self) -> Option<Mesh> {
+        self.st.borrow().mesh.clone()
+    }
+
+    fn not_finished(&self, st: &FuncState) -> Result<()> {
+        if st.finished {
+            return Err(HloError::Function {
+                func: st.name.clone(),
+                reason: "the function is already finished; start a new Func to add ops".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Adds a named argument; the name becomes its SSA name (`%x`).
+    pub fn arg(&self, name: &str, ty: TensorType) -> Result<Value> {
+        self.add_arg(name, ty, None)
+    }
+
+    /// Adds a named argument with a sharding over the function's mesh.
+    pub fn arg_sharded(&self, name: &str, ty: TensorType, sharding: &Sharding) -> Result<Value> {
+        self.add_arg(name, ty, Some(sharding.clone()))
+    }
+
+    fn add_arg(&self, name: &str, ty: TensorType, sharding: Option<Sharding>) -> Result<Value> {
+        let mut st = self.st.borrow_mut();
+        self.not_finished(&st)?;
+        if let Some(s) = &sharding {
+            let what = format!("argument `{name}` of @{}", st.name);
+            let mesh = st.mesh.clone().ok_or_else(|| no_mesh(&what))?;
+            s.check(&what, &ty, &mesh)?;
+            st.uses_mesh = true;
+        }
+        let gname = st.fresh_name(Some(name));
+        st.groups.push(gname);
+        let g = st.groups.len() - 1;
+        let id = st.new_value(ty.clone(), g, None, 0);
+        st.blocks[0].args.push(id);
+        st.arg_shardings.push(sharding);
+        Ok(Value {
+            f: self.st.clone(),
+            id,
+            ty,
+        })
+    }
+
+    /// Appends a result of the function.
+    pub fn output(&self, v: &Value) -> Result<()> {
+        self.add_output(v, None)
+    }
+
+    /// Appends a result of the function with a sharding over the function's mesh.
+    pub fn output_sharded(&self, v: &Value, sharding: &Sharding) -> Result<()> {
+        self.add_output(v, Some(sharding.clone()))
+    }
+
+    fn add_output(&self, v: &Value, sharding: Option<Sharding>) -> Result<()> {
+        self.check_use("return", v)?;
+        let mut st = self.st.borrow_mut();
+        if st.current() != 0 {
+            return Err(HloError::Function {
+                func: st.name.clone(),
+                reason: "outputs can only be added outside of regions; return values from the region's closure instead".into(),
+            });
+        }
+        if let Some(s) = &sharding {
+            let what = format!("output {} of @{}", st.outputs.len(), st.name);
+            let mesh = st.mesh.clone().ok_or_else(|| no_mesh(&what))?;
+            s.check(&what, &v.ty, &mesh)?;
+            st.uses_mesh = true;
+        }
+        st.outputs.push((v.id, sharding));
+        Ok(())
+    }
+
+    /// Freezes the function. Values of a finished function can no longer be used in ops.
+    pub fn finish(&self) -> Result<Function> {
+        let mut st = self.st.borrow_mut();
+        self.not_finished(&st)?;
+        if st.stack.len() != 1 {
+            return Err(HloError::Function {
+                func: st.name.clone(),
+                reason: "cannot finish while a region is being built; call finish after the closure returns".into(),
+            });
+        }
+        st.finished = true;
+        Ok(Function {
+            st: self.st.clone(),
+        })
+    }
+
+    /// Checks that `v` may be used by `op` at the current insertion point.
+    pub(crate) fn check_use(&self, op: &str, v: &Value) -> Result<()> {
+        let st = self.st.borrow();
+        if !Rc::ptr_eq(&self.st, &v.f) {
+            let owner = v.f.try_borrow().map(|s| s.name.clone()).unwrap_or_default();
+            return Err(HloError::ForeignValue {
+                op: op.into(),
+                value: v.describe(),
+                owner,
+                func: st.name.clone(),
+            });
+        }
+        self.not_finished(&st)?;
+        let target = st.values[v.id].block;
+        let mut b = st.current();
+        loop {
+            if b == target {
+                return Ok(());
+            }
+            if st.blocks[b].isolated {
+                let reason = if !st.blocks[target].open {
+                    "it was defined inside a region that is already closed; return it from that region's closure instead"
+                } else {
+                    "the region being built is isolated from above (reduce body, sort comparator, manual_computation); pass the value in as an operand of that op, or create constants inside the closure"
+                };
+                return Err(HloError::OutOfScope {
+                    op: op.into(),
+                    value: st.describe(v.id),
+                    reason: reason.into(),
+                });
+            }
+            match st.blocks[b].parent {
+                Some(p) => b = p,
+                None => {
+                    return Err(HloError::OutOfScope {
+                        op: op.into(),
+                        value: st.describe(v.id),
+                        reason: "it was defined inside a region that is already closed; return it from that region's closure instead".into(),
+                    })
+                }
+            }
+        }
+    }
+
+    /// Appends an op with the given operands (checked), printed pieces and result types.
+    pub(crate) fn emit(
+        &self,
+        op: &str,
+        operands: &[&Value],
+        pieces: P,
+        results: &[TensorType],
+    ) -> Result<Vec<Value>> {
+        for v in operands {
+            self.check_use(op, v)?;
+        }
+        self.push_op(pieces, results, None)
+    }
+
+    /// Like [`Func::emit`] with exactly one result.
+    pub(crate) fn emit1(
+        &self,
+        op: &str,
+        operands: &[&Value],
+        pieces: P,
+        result: TensorType,
+    ) -> Result<Value> {
+        let mut v = self.emit(op, operands, pieces, std::slice::from_ref(&result))?;
+        v.pop().ok_or_else(|| HloError::Function {
+            func: self.name(),
+            reason: format!("internal: op `{op}` produced no result"),
+        })
+    }
+
+    fn push_op(&self, pieces: P, results: &[TensorType], hint: Option<&str>) -> Result<Vec<Value>> {
+        let mut st = self.st.borrow_mut();
+        self.not_finished(&st)?;
+        let cur = st.current();
+        let mut ids = Vec::with_capacity(results.len());
+        if !results.is_empty() {
+            let name = st.fresh_name(hint);
+            st.groups.push(name);
+            let g = st.groups.len() - 1;
+            let multi = results.len() > 1;
+            for (i, t) in results.iter().enumerate() {
+                ids.push(st.new_value(t.clone(), g, multi.then_some(i), cur));
+            }
+        }
+        st.blocks[cur].ops.push(OpRec {
+            results: ids.clone(),
+            pieces: pieces.0,
+        });
+        drop(st);
+        Ok(ids
+            .into_iter()
+            .zip(results)
+            .map(|(id, t)| Value {
+                f: self.st.clone(),
+                id,
+                ty: t.clone(),
+            })
+            .collect())
+    }
+
+    /// Builds a region: a new block with arguments of `arg_types`, filled by `body`,
+    /// ended with `spec.terminator` over the values `body` returns. Returns the block and
+    /// the returned values (already checked to be visible in the region).
+    pub(crate) fn region<F>(
+        &self,
+        op: &str,
+        spec: RegionSpec,
+        arg_types: &[TensorType],
+        body: F,
+    ) -> Result<(BlockId, Vec<Value>)>
+    where
+        F: FnOnce(&[Value]) -> Result<Vec<Value>>,
+    {
+        let (block, args) = {
+            let mut st = self.st.borrow_mut();
+            self.not_finished(&st)?;
+            let parent = st.current();
+            let manual = spec.manual.or(st.blocks[parent].manual);
+            st.blocks.push(BlockInfo {
+                parent: Some(parent),
+                isolated: spec.isolated,
+                manual,
+                header: spec.header,
+                open: true,
+                args: Vec::new(),
+                ops: Vec::new(),
+            });
+            let b = st.blocks.len() - 1;
+            let mut args = Vec::with_capacity(arg_types.len());
+            for t in arg_types {
+                let name = st.fresh_name(None);
+                st.groups.push(name);
+                let g = st.groups.len() - 1;
+                let id = st.new_value(t.clone(), g, None, b);
+                st.blocks[b].args.push(id);
+                args.push(Value {
+                    f: self.st.clone(),
+                    id,
+                    ty: t.clone(),
+                });
+            }
+            st.stack.push(b);
+            (b, args)
+        };
+        let out = body(&args).and_then(|vals| {
+            let refs: Vec<&Value> = vals.iter().collect();
+            for v in &refs {
+                self.check_use(op, v)?;
+            }
+            let p = if refs.is_empty() {
+                P::new().t(spec.terminator)
+            } else {
+                P::new()
+                    .t(format!("{} ", spec.terminator))
+                    .vs(&refs)
+                    .t(format!(" : {}", types_of(&refs)))
+            };
+            self.push_op(p, &[], None)?;
+            Ok(vals)
+        });
+        let mut st = self.st.borrow_mut();
+        st.stack.pop();
+        st.blocks[block].open = false;
+        drop(st);
+        Ok((block, out?))
+    }
+
+    /// The mesh size if the insertion point is inside a manual computation.
+    pub(crate) fn manual_size(&self) -> Option<i64> {
+        let st = self.st.borrow();
+        st.blocks[st.current()].manual
+    }
+
+    /// The mesh, or an error naming `what` that needs it; marks the function as using it.
+    pub(crate) fn need_mesh(&self, what: &str) -> Result<Mesh> {
+        let mut st = self.st.borrow_mut();
+        let m = st.mesh.clone().ok_or_else(|| no_mesh(what))?;
+        st.uses_mesh = true;
+        Ok(m)
+    }
+
+    pub(crate) fn next_channel(&self) -> i64 {
+        let mut st = self.st.borrow_mut();
+        let c = st.next_channel;
+        st.next_channel += 1;
+        c
+    }
+
+    pub(crate) fn record_call(&self, callee: &Callee) {
+        self.st.borrow_mut().calls.push(CallRecord {
+            callee: callee.clone(),
+        });
+    }
+}
+
+fn no_mesh(what: &str) -> HloError {
+    HloError::Sharding {
+        what: what.into(),
+        reason: "the function has no mesh; create it with Module::func on a module with a mesh, or Func::with_mesh".into(),
+    }
+}
