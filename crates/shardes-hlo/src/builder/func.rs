@@ -109,6 +109,8 @@ pub(crate) struct FuncState {
     blocks: Vec<BlockInfo>,
     stack: Vec<BlockId>,
     arg_shardings: Vec<Option<Sharding>>,
+    /// Output index each argument is donated to (`tf.aliasing_output`), if any.
+    arg_aliases: Vec<Option<usize>>,
     outputs: Vec<(ValueId, Option<Sharding>)>,
     pub(crate) calls: Vec<CallRecord>,
     next_channel: i64,
@@ -257,11 +259,18 @@ impl FuncState {
         let args: Vec<String> = self.blocks[0]
             .args
             .iter()
-            .zip(&self.arg_shardings)
-            .map(|(&a, s)| {
+            .zip(self.arg_shardings.iter().zip(&self.arg_aliases))
+            .map(|(&a, (s, alias))| {
                 let mut t = format!("{}: {}", self.value_ref(a), self.values[a].ty);
+                let mut attrs = Vec::new();
                 if let (Some(s), Some(m)) = (s, &self.mesh) {
-                    t.push_str(&format!(" {{sdy.sharding = #sdy.sharding{}}}", s.mlir(m)));
+                    attrs.push(format!("sdy.sharding = #sdy.sharding{}", s.mlir(m)));
+                }
+                if let Some(o) = alias {
+                    attrs.push(format!("tf.aliasing_output = {o} : i32"));
+                }
+                if !attrs.is_empty() {
+                    t.push_str(&format!(" {{{}}}", attrs.join(", ")));
                 }
                 t
             })
@@ -517,6 +526,7 @@ impl Func {
             }],
             stack: vec![0],
             arg_shardings: Vec::new(),
+            arg_aliases: Vec::new(),
             outputs: Vec::new(),
             calls: Vec::new(),
             next_channel: 1,
@@ -549,15 +559,34 @@ impl Func {
 
     /// Adds a named argument; the name becomes its SSA name (`%x`).
     pub fn arg(&self, name: &str, ty: TensorType) -> Result<Value> {
-        self.add_arg(name, ty, None)
+        self.add_arg(name, ty, None, None)
     }
 
     /// Adds a named argument with a sharding over the function's mesh.
     pub fn arg_sharded(&self, name: &str, ty: TensorType, sharding: &Sharding) -> Result<Value> {
-        self.add_arg(name, ty, Some(sharding.clone()))
+        self.add_arg(name, ty, Some(sharding.clone()), None)
     }
 
-    fn add_arg(&self, name: &str, ty: TensorType, sharding: Option<Sharding>) -> Result<Value> {
+    /// Adds a sharded argument donated to result `output` (`tf.aliasing_output`): the
+    /// caller's buffer is consumed and its memory reused for that result, which must have
+    /// the same type.
+    pub fn arg_donated(
+        &self,
+        name: &str,
+        ty: TensorType,
+        sharding: &Sharding,
+        output: usize,
+    ) -> Result<Value> {
+        self.add_arg(name, ty, Some(sharding.clone()), Some(output))
+    }
+
+    fn add_arg(
+        &self,
+        name: &str,
+        ty: TensorType,
+        sharding: Option<Sharding>,
+        alias: Option<usize>,
+    ) -> Result<Value> {
         let mut st = self.st.borrow_mut();
         self.not_finished(&st)?;
         if let Some(s) = &sharding {
@@ -572,6 +601,7 @@ impl Func {
         let id = st.new_value(ty.clone(), g, None, 0);
         st.blocks[0].args.push(id);
         st.arg_shardings.push(sharding);
+        st.arg_aliases.push(alias);
         Ok(Value {
             f: self.st.clone(),
             id,

@@ -1345,6 +1345,7 @@ impl Value {
         mlir: &'static str,
     ) -> Result<Value> {
         check_kind(op, self, Kind::Numeric)?;
+        check_dims(op, self, dims, "dimension")?;
         let f = self.func();
         let init = if init.is_infinite() && !self.dtype().is_float() {
             // Integers have no infinity: use the extreme representable value instead.

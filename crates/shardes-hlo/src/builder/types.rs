@@ -315,21 +315,22 @@ impl Element for bool {
 
 /// Prints the `dense<...>` attribute body for `data` of `shape` (element count already checked).
 pub(crate) fn dense_literal<T: Element>(shape: &[i64], data: &[T]) -> String {
-    if let Some(first) = data.first() {
-        if data.iter().all(|x| x == first) {
-            return first.literal().unwrap_or_else(|| first.hex_bits());
-        }
-    } else {
+    let Some(first) = data.first() else {
         return String::new();
+    };
+    let mut bytes = Vec::with_capacity(data.len() * 8);
+    for x in data {
+        x.push_le(&mut bytes);
+    }
+    // Splat detection compares bit patterns, so NaN splats stay splats.
+    let width = bytes.len() / data.len();
+    if bytes.chunks_exact(width).all(|c| c == &bytes[..width]) {
+        return first.literal().unwrap_or_else(|| first.hex_bits());
     }
     let lits: Option<Vec<String>> = data.iter().map(|x| x.literal()).collect();
     match lits {
-        Some(lits) if shape.len() <= 1 || lits.len() <= 4096 => nested(shape, &lits),
-        _ => {
-            let mut bytes = Vec::with_capacity(data.len() * 4);
-            for x in data {
-                x.push_le(&mut bytes);
-            }
+        Some(lits) => nested(shape, &lits),
+        None => {
             let mut s = String::with_capacity(bytes.len() * 2 + 4);
             s.push_str("\"0x");
             for b in bytes {

@@ -1,0 +1,270 @@
+//! Build-time checks: every misuse returns a typed `HloError` naming the op and the operand
+//! types (never a panic). One test per error kind.
+
+use shardes_hlo::builder::{
+    Cmp, DType, DotDims, Func, HloError, Mesh, Module, Sharding, TensorType,
+};
+
+fn f32s(shape: &[i64]) -> TensorType {
+    TensorType::f32(shape)
+}
+
+#[test]
+fn dtype_mismatch_names_op_and_types() {
+    let f = Func::new("main");
+    let a = f.arg("a", f32s(&[4])).unwrap();
+    let b = f.arg("b", TensorType::i32(&[4])).unwrap();
+    let e = a.add(&b).unwrap_err();
+    assert!(matches!(e, HloError::DTypeMismatch { .. }), "{e:?}");
+    let msg = e.to_string();
+    assert!(msg.contains("`add`"), "{msg}");
+    assert!(
+        msg.contains("tensor<4xf32>") && msg.contains("tensor<4xi32>"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("convert"),
+        "message should suggest the fix: {msg}"
+    );
+    // Wrong kind: exp of an integer.
+    let e = b.exp().unwrap_err();
+    assert!(matches!(e, HloError::DTypeMismatch { .. }), "{e:?}");
+    assert!(e.to_string().contains("`exp`") && e.to_string().contains("tensor<4xi32>"));
+    // Bitcast across widths.
+    let e = a.bitcast_convert(DType::F16).unwrap_err();
+    assert!(
+        e.to_string().contains("bitcast_convert") && e.to_string().contains("32 bits"),
+        "{e}"
+    );
+}
+
+#[test]
+fn shape_mismatch_names_op_and_shapes() {
+    let f = Func::new("main");
+    let a = f.arg("a", f32s(&[4, 3])).unwrap();
+    let b = f.arg("b", f32s(&[5])).unwrap();
+    let e = a.mul(&b).unwrap_err();
+    assert!(matches!(e, HloError::ShapeMismatch { .. }), "{e:?}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("`mul`") && msg.contains("tensor<4x3xf32>") && msg.contains("tensor<5xf32>"),
+        "{msg}"
+    );
+    // Contracting sizes differ.
+    let w = f.arg("w", f32s(&[5, 4])).unwrap();
+    let e = a.matmul(&w).unwrap_err();
+    assert!(matches!(e, HloError::ShapeMismatch { .. }), "{e:?}");
+    assert!(
+        e.to_string().contains("dot_general")
+            && e.to_string().contains("size 3")
+            && e.to_string().contains("size 5"),
+        "{e}"
+    );
+    // Reshape element count.
+    let e = a.reshape(&[5, 2]).unwrap_err();
+    assert!(
+        e.to_string().contains("reshape") && e.to_string().contains("12 elements"),
+        "{e}"
+    );
+}
+
+#[test]
+fn broadcasting_is_numpy_style() {
+    let f = Func::new("main");
+    let a = f.arg("a", f32s(&[4, 3])).unwrap();
+    let b = f.arg("b", f32s(&[3])).unwrap();
+    let c = f.arg("c", f32s(&[4, 1])).unwrap();
+    assert_eq!(a.add(&b).unwrap().shape(), &[4, 3]);
+    assert_eq!(b.add(&c).unwrap().shape(), &[4, 3]);
+    assert_eq!(a.mul(&a.const_like(2.0).unwrap()).unwrap().shape(), &[4, 3]);
+}
+
+#[test]
+fn invalid_attribute_names_op() {
+    let f = Func::new("main");
+    let a = f.arg("a", f32s(&[4, 3])).unwrap();
+    let e = a.transpose(&[0, 0]).unwrap_err();
+    assert!(matches!(e, HloError::InvalidAttribute { .. }), "{e:?}");
+    assert!(
+        e.to_string().contains("transpose") && e.to_string().contains("tensor<4x3xf32>"),
+        "{e}"
+    );
+    let e = a.reduce_sum(&[2]).unwrap_err();
+    assert!(matches!(e, HloError::InvalidAttribute { .. }), "{e:?}");
+    assert!(
+        e.to_string().contains("reduce_sum") && e.to_string().contains("out of range"),
+        "{e}"
+    );
+    let e = a.slice(&[0, 0], &[5, 3], &[1, 1]).unwrap_err();
+    assert!(
+        e.to_string().contains("slice") && e.to_string().contains("limit (5)"),
+        "{e}"
+    );
+    let dims = DotDims {
+        lhs_contract: vec![1],
+        rhs_contract: vec![],
+        ..Default::default()
+    };
+    let e = a.dot_general(&a, &dims).unwrap_err();
+    assert!(matches!(e, HloError::InvalidAttribute { .. }), "{e:?}");
+}
+
+#[test]
+fn foreign_value_is_an_error() {
+    let f = Func::new("main");
+    let g = Func::new("other");
+    let a = f.arg("a", f32s(&[4])).unwrap();
+    let b = g.arg("b", f32s(&[4])).unwrap();
+    let e = a.add(&b).unwrap_err();
+    assert!(matches!(e, HloError::ForeignValue { .. }), "{e:?}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("`other`") && msg.contains("`main`") && msg.contains("%b"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn values_of_closed_or_isolated_regions_are_out_of_scope() {
+    let f = Func::new("main");
+    let x = f.arg("x", f32s(&[4])).unwrap();
+    let outer = f.scalar(1.0f32).unwrap();
+    // Isolated: a reduce body may not capture `outer`.
+    let e = f
+        .reduce(&[&x], &[&outer], &[0], |a| {
+            Ok(vec![a[0].add(&a[1])?.add(&outer)?])
+        })
+        .unwrap_err();
+    assert!(matches!(e, HloError::OutOfScope { .. }), "{e:?}");
+    assert!(e.to_string().contains("isolated"), "{e}");
+    // Leaking a value out of a closed while body.
+    let mut leaked = None;
+    f.while_loop(
+        &[&x],
+        |c| c[0].reduce_sum(&[0])?.lt(&c[0].const_like(0.0)?),
+        |c| {
+            let y = c[0].add(&outer)?; // while bodies may capture
+            leaked = Some(y.clone());
+            Ok(vec![y])
+        },
+    )
+    .unwrap();
+    let e = x.add(&leaked.unwrap()).unwrap_err();
+    assert!(matches!(e, HloError::OutOfScope { .. }), "{e:?}");
+    assert!(e.to_string().contains("closed"), "{e}");
+}
+
+#[test]
+fn region_results_are_checked() {
+    let f = Func::new("main");
+    let x = f.arg("x", f32s(&[4])).unwrap();
+    let e = f
+        .while_loop(&[&x], |c| c[0].reduce_sum(&[0]), |c| Ok(vec![c[0].clone()]))
+        .unwrap_err();
+    assert!(matches!(e, HloError::RegionResult { .. }), "{e:?}");
+    assert!(
+        e.to_string().contains("while (cond)") && e.to_string().contains("tensor<i1>"),
+        "{e}"
+    );
+    let e = f
+        .while_loop(
+            &[&x],
+            |c| c[0].reduce_sum(&[0])?.lt(&c[0].const_like(1.0)?),
+            |c| Ok(vec![c[0].reduce_sum(&[0])?]),
+        )
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("while (body)") && e.to_string().contains("tensor<4xf32>"),
+        "{e}"
+    );
+}
+
+#[test]
+fn sharding_errors_say_what_to_change() {
+    let m = Module::with_mesh("m", Mesh::pop(8).unwrap());
+    let f = m.func("main");
+    let e = f
+        .arg_sharded("x", f32s(&[12, 4]), &Sharding::split(2, 0).unwrap())
+        .unwrap_err();
+    assert!(matches!(e, HloError::Sharding { .. }), "{e:?}");
+    assert!(
+        e.to_string().contains("12") && e.to_string().contains("8 devices"),
+        "{e}"
+    );
+    assert!(Sharding::split(2, 2).is_err());
+    let x = f.arg("x", f32s(&[16])).unwrap();
+    let e = x.all_reduce_sum().unwrap_err();
+    assert!(e.to_string().contains("manual_computation"), "{e}");
+    let nomesh = Func::new("main");
+    let y = nomesh.arg("y", f32s(&[16])).unwrap();
+    let e = y.shard(&Sharding::replicated(1)).unwrap_err();
+    assert!(e.to_string().contains("no mesh"), "{e}");
+}
+
+#[test]
+fn function_errors() {
+    let mut m = Module::new("m");
+    let h = m.func("helper");
+    let a = h.arg("a", f32s(&[2])).unwrap();
+    h.output(&a).unwrap();
+    let hf = h.finish().unwrap();
+    let callee = hf.callee();
+    // Finished functions refuse new ops.
+    let e = a.neg().unwrap_err();
+    assert!(matches!(e, HloError::Function { .. }), "{e:?}");
+    // Calling a function that is not in the module yet.
+    let f = m.func("main");
+    let x = f.arg("x", f32s(&[2])).unwrap();
+    let r = f.call(&callee, &[&x]).unwrap();
+    f.output(&r[0]).unwrap();
+    let e = m.add(f.finish().unwrap()).unwrap_err();
+    assert!(e.to_string().contains("not in the module"), "{e}");
+    m.add(hf.clone()).unwrap();
+    let e = m.add(hf).unwrap_err();
+    assert!(e.to_string().contains("already in the module"), "{e}");
+    // Wrong argument types for a call.
+    let g = m.func("g");
+    let z = g.arg("z", f32s(&[3])).unwrap();
+    let e = g.call(&callee, &[&z]).unwrap_err();
+    assert!(
+        e.to_string().contains("@helper") && e.to_string().contains("tensor<3xf32>"),
+        "{e}"
+    );
+}
+
+#[test]
+fn constant_errors() {
+    let f = Func::new("main");
+    let e = f.constant(&[2, 2], &[1.0f32, 2.0, 3.0]).unwrap_err();
+    assert!(matches!(e, HloError::Constant { .. }), "{e:?}");
+    assert!(
+        e.to_string().contains("tensor<2x2xf32>") && e.to_string().contains("3 elements"),
+        "{e}"
+    );
+    let e = f.scalar_of(DType::I32, 0.5).unwrap_err();
+    assert!(e.to_string().contains("not exactly representable"), "{e}");
+}
+
+#[test]
+fn compare_type_follows_dtype() {
+    let m = Module::new("m");
+    let f = m.func("main");
+    let a = f.arg("a", TensorType::u32(&[2])).unwrap();
+    let b = f.arg("b", TensorType::i32(&[2])).unwrap();
+    let c = f.arg("c", f32s(&[2])).unwrap();
+    let r = [
+        a.compare(&a, Cmp::Lt).unwrap(),
+        b.ge(&b).unwrap(),
+        c.ne(&c).unwrap(),
+    ];
+    for v in &r {
+        f.output(v).unwrap();
+    }
+    let mut m = m;
+    m.add(f.finish().unwrap()).unwrap();
+    let text = m.to_mlir();
+    assert!(text.contains("LT, %a, %a, UNSIGNED"), "{text}");
+    assert!(text.contains("GE, %b, %b, SIGNED"), "{text}");
+    assert!(text.contains("NE, %c, %c, FLOAT"), "{text}");
+    assert!(a.compare_typed(&a, Cmp::Lt, "FLOAT").is_err());
+}
