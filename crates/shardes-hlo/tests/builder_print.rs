@@ -220,3 +220,29 @@ fn value_types_include_region_arguments() {
     );
     assert!(!tys.contains(&TensorType::f32(&[5, 3])));
 }
+
+#[test]
+fn one_device_manual_computation_is_inlined() {
+    let mut m = Module::with_mesh("one", Mesh::pop(1).unwrap());
+    let f = m.func("main");
+    let x = f.arg("x", TensorType::f32(&[4])).unwrap();
+    let out = f
+        .manual_computation(
+            &[&x],
+            &[Sharding::split(1, 0).unwrap()],
+            &[Sharding::replicated(1)],
+            |l| Ok(vec![l[0].all_reduce_sum()?.named("summed")]),
+        )
+        .unwrap();
+    // The returned value is usable outside, like a manual_computation result.
+    let y = out[0].neg().unwrap();
+    f.output(&y).unwrap();
+    m.add(f.finish().unwrap()).unwrap();
+    let text = m.to_mlir();
+    assert!(!text.contains("sdy.manual_computation"), "{text}");
+    assert!(
+        text.contains("\"stablehlo.all_reduce\"(%x)"),
+        "block argument prints as the input: {text}"
+    );
+    assert!(text.contains("stablehlo.negate %summed"), "{text}");
+}

@@ -27,6 +27,8 @@ pub(crate) enum Piece {
     Region(BlockId),
     /// `%a: tensor<..>, %b: tensor<..>` for a block's arguments (manual_computation style).
     BlockArgs(BlockId),
+    /// A block printed inline at the op's position (its arguments alias outer values).
+    Inline(BlockId),
 }
 
 /// Builds the piece list of one op.
@@ -77,6 +79,8 @@ struct ValueInfo {
     group: usize,
     index: Option<usize>,
     block: BlockId,
+    /// Printed as this other value (arguments of inlined blocks).
+    alias: Option<ValueId>,
 }
 
 #[derive(Debug)]
@@ -183,6 +187,7 @@ impl FuncState {
             group,
             index,
             block,
+            alias: None,
         });
         self.values.len() - 1
     }
@@ -192,7 +197,10 @@ impl FuncState {
     }
 
     fn value_ref(&self, id: ValueId) -> String {
-        let v = &self.values[id];
+        let mut v = &self.values[id];
+        while let Some(a) = v.alias {
+            v = &self.values[a];
+        }
         match v.index {
             Some(i) => format!("%{}#{}", self.groups[v.group], i),
             None => format!("%{}", self.groups[v.group]),
@@ -219,6 +227,10 @@ impl FuncState {
     }
 
     fn print_op(&self, op: &OpRec, indent: usize, out: &mut String) {
+        if let [Piece::Inline(b)] = op.pieces.as_slice() {
+            self.print_ops(*b, indent, out);
+            return;
+        }
         out.push_str(&" ".repeat(indent));
         match op.results.len() {
             0 => {}
@@ -236,6 +248,7 @@ impl FuncState {
                 Piece::Text(s) => out.push_str(s),
                 Piece::Val(id) => out.push_str(&self.value_ref(*id)),
                 Piece::BlockArgs(b) => self.print_block_args(*b, out),
+                Piece::Inline(b) => self.print_ops(*b, indent, out),
                 Piece::Region(b) => {
                     out.push_str("{\n");
                     if self.blocks[*b].header {
@@ -806,6 +819,9 @@ impl Func {
             for v in &refs {
                 self.check_use(op, v)?;
             }
+            if spec.terminator.is_empty() {
+                return Ok(vals);
+            }
             let p = if refs.is_empty() {
                 P::new().t(spec.terminator)
             } else {
@@ -822,6 +838,46 @@ impl Func {
         st.blocks[block].open = false;
         drop(st);
         Ok((block, out?))
+    }
+
+    /// Runs `body` on `inputs` in an isolated block that is printed inline (no region, no
+    /// terminator): used for manual computations over a one-device mesh, which XLA does not
+    /// partition. The block's arguments print as the inputs; the returned values become
+    /// visible in the enclosing block.
+    pub(crate) fn inline_region<F>(
+        &self,
+        op: &str,
+        manual: i64,
+        inputs: &[&Value],
+        body: F,
+    ) -> Result<Vec<Value>>
+    where
+        F: FnOnce(&[Value]) -> Result<Vec<Value>>,
+    {
+        let tys: Vec<TensorType> = inputs.iter().map(|v| v.ty.clone()).collect();
+        let spec = RegionSpec {
+            isolated: true,
+            manual: Some(manual),
+            header: false,
+            terminator: "",
+        };
+        let (block, ret) = self.region(op, spec, &tys, |args| {
+            {
+                let mut st = self.st.borrow_mut();
+                for (a, i) in args.iter().zip(inputs) {
+                    st.values[a.id].alias = Some(i.id);
+                }
+            }
+            body(args)
+        })?;
+        let mut st = self.st.borrow_mut();
+        let parent = st.current();
+        for v in &ret {
+            st.values[v.id].block = parent;
+        }
+        drop(st);
+        self.push_op(P(vec![Piece::Inline(block)]), &[], None)?;
+        Ok(ret)
     }
 
     /// The mesh size if the insertion point is inside a manual computation.

@@ -171,6 +171,24 @@ impl Func {
             s.check(&format!("{what} input {i} ({})", v.ty), &v.ty, &mesh)?;
             locals.push(s.local(&v.ty, &mesh));
         }
+        if mesh.size() == 1 {
+            // XLA does not run the partitioner for one partition, so the Shardy custom calls
+            // a manual computation lowers to would stay unresolved. As JAX does, print the body
+            // inline: on one device local and global values coincide.
+            let ret = self.inline_region(what, 1, inputs, body)?;
+            if ret.len() != out_shardings.len() {
+                let got: Vec<TensorType> = ret.iter().map(|v| v.ty.clone()).collect();
+                return Err(HloError::RegionResult {
+                    op: what.into(),
+                    got: join_types(&got),
+                    expected: format!("{} values, one per out_sharding", out_shardings.len()),
+                });
+            }
+            for (i, (v, s)) in ret.iter().zip(out_shardings).enumerate() {
+                s.check(&format!("{what} output {i} ({})", v.ty), &v.ty, &mesh)?;
+            }
+            return Ok(ret);
+        }
         let spec = RegionSpec {
             isolated: true,
             manual: Some(mesh.size()),
