@@ -124,7 +124,7 @@ fn optimized_hlo_is_partitioned_per_device() {
 
 #[test]
 fn plugin_reports_versions_and_devices() {
-    let client = common::client(8);
+    let client = shardes_runtime::Client::cpu(8).expect("default CPU client");
     let plugin = client.plugin();
     assert_eq!(plugin.api_version().0, 0);
     println!(

@@ -356,3 +356,53 @@ impl Drop for FileLock<'_> {
         unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_layout_names_version_and_hash() {
+        let p = cached_plugin_path(Path::new("/c"));
+        assert_eq!(
+            p,
+            Path::new("/c/pjrt/xla-cpu-pjrt-0.0.1-88c3f28c5900/xla_cpu_pjrt.so")
+        );
+        assert_eq!(&SO_SHA256[..12], "88c3f28c5900");
+    }
+
+    #[test]
+    fn repo_dir_prefers_the_cpu_plugin_then_name_order() {
+        let d = tempfile::tempdir().unwrap();
+        assert_eq!(plugin_in_dir(d.path()), None);
+        fs::write(d.path().join("zz_other.so"), b"x").unwrap();
+        fs::write(d.path().join("b_plugin.so"), b"x").unwrap();
+        fs::write(d.path().join("README.txt"), b"x").unwrap();
+        assert_eq!(plugin_in_dir(d.path()), Some(d.path().join("b_plugin.so")));
+        fs::write(d.path().join(SO_FILE_NAME), b"x").unwrap();
+        assert_eq!(plugin_in_dir(d.path()), Some(d.path().join(SO_FILE_NAME)));
+    }
+
+    #[test]
+    fn explicit_path_must_exist_and_skips_checksums() {
+        let d = tempfile::tempdir().unwrap();
+        let missing = d.path().join("nope.so");
+        assert!(matches!(
+            locate(Some(&missing)),
+            Err(RuntimeError::PluginMissing { .. })
+        ));
+        // Any existing file is accepted by discovery; loading decides whether it is a plugin.
+        let any = d.path().join("custom_plugin.so");
+        fs::write(&any, b"not checked here").unwrap();
+        assert_eq!(locate(Some(&any)).unwrap(), any);
+    }
+
+    #[test]
+    fn manual_steps_name_the_command_and_the_target() {
+        let m = manual_steps(Path::new("/cache/dir"));
+        assert!(m.contains("python3 -m pip download --no-deps xla-cpu-pjrt==0.0.1"));
+        assert!(m.contains("-d /cache/dir"));
+        assert!(m.contains(SO_SHA256));
+        assert!(m.contains(ENV_PLUGIN));
+    }
+}
