@@ -389,3 +389,40 @@ fn code_name(code: ffi::PJRT_Error_Code) -> String {
     };
     name.to_string()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A table shorter than an entry's offset means an older plugin: the entry must be
+    /// reported as unsupported and never read or called.
+    #[test]
+    fn functions_beyond_the_plugin_table_are_unsupported() {
+        let real = Plugin::load_default().expect("a PJRT plugin");
+        // SAFETY: re-opening an already loaded library only bumps its reference count.
+        let library = unsafe { libloading::Library::new(real.path()) }.unwrap();
+        let cut = std::mem::offset_of!(ffi::PJRT_Api, PJRT_Client_Create);
+        let short = Plugin {
+            path: real.path().to_path_buf(),
+            api: real.api(),
+            api_struct_size: cut,
+            version: real.api_version(),
+            attributes: Vec::new(),
+            _library: ManuallyDrop::new(library),
+        };
+        let mut args = pjrt_args!(PJRT_Client_Create_Args);
+        // SAFETY: the call is refused before the table entry is touched.
+        let r = unsafe { pjrt_call!(&short, PJRT_Client_Create, &mut args) };
+        match r {
+            Err(RuntimeError::Unsupported { function }) => {
+                assert_eq!(function, "PJRT_Client_Create")
+            }
+            other => panic!("expected Unsupported, got {other:?}"),
+        }
+        assert!(args.client.is_null());
+        // Entries before the cut are still callable.
+        let mut init = pjrt_args!(PJRT_Plugin_Attributes_Args);
+        // SAFETY: correctly initialised args.
+        unsafe { pjrt_call!(&short, PJRT_Plugin_Attributes, &mut init) }.unwrap();
+    }
+}
