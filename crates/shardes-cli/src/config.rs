@@ -133,7 +133,15 @@ fn default_checkpoint_every() -> usize {
 /// a test checks that every key here deserializes.
 const TOP_KEYS: &[&str] = &["plugin", "devices", "problem", "es", "run"];
 const PROBLEM_KEYS: &[&str] = &["name", "d_model", "batch", "seq"];
-const ES_KEYS: &[&str] = &["strategy", "n", "sigma", "lr", "shaping", "how", "member_chunk"];
+const ES_KEYS: &[&str] = &[
+    "strategy",
+    "n",
+    "sigma",
+    "lr",
+    "shaping",
+    "how",
+    "member_chunk",
+];
 const RUN_KEYS: &[&str] = &["seed", "generations", "out", "checkpoint_every"];
 
 /// Shapings the CLI accepts.
@@ -189,7 +197,11 @@ impl Config {
             )
         })?;
         check_keys(&table, "", TOP_KEYS)?;
-        for (name, valid) in [("problem", PROBLEM_KEYS), ("es", ES_KEYS), ("run", RUN_KEYS)] {
+        for (name, valid) in [
+            ("problem", PROBLEM_KEYS),
+            ("es", ES_KEYS),
+            ("run", RUN_KEYS),
+        ] {
             match table.get(name) {
                 Some(toml::Value::Table(t)) => check_keys(t, name, valid)?,
                 Some(_) => {
@@ -219,16 +231,19 @@ impl Config {
 
     /// The strategy, parsed.
     pub fn strategy(&self) -> Result<StrategySpec, ConfigError> {
-        self.es.strategy.parse().map_err(|e: shardes::hlo::es::SpecError| {
-            cfg_err(
-                format!("es.strategy: {}", e.reason),
-                format!(
-                    "valid strategies: {} (got \"{}\")",
-                    shardes::hlo::es::spec::STRATEGY_NAMES.join(", "),
-                    e.input
-                ),
-            )
-        })
+        self.es
+            .strategy
+            .parse()
+            .map_err(|e: shardes::hlo::es::SpecError| {
+                cfg_err(
+                    format!("es.strategy: {}", e.reason),
+                    format!(
+                        "valid strategies: {} (got \"{}\")",
+                        shardes::hlo::es::spec::STRATEGY_NAMES.join(", "),
+                        e.input
+                    ),
+                )
+            })
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
@@ -251,7 +266,10 @@ impl Config {
             ("run.generations", self.run.generations),
         ] {
             if v == 0 {
-                return Err(cfg_err(format!("{key} = 0"), format!("set {key} to at least 1")));
+                return Err(cfg_err(
+                    format!("{key} = 0"),
+                    format!("set {key} to at least 1"),
+                ));
             }
         }
         let strategy = self.strategy()?;
@@ -285,7 +303,7 @@ impl Config {
         }
         let pairing = strategy.pairing();
         let per = self.devices * pairing;
-        if self.es.n % per != 0 {
+        if !self.es.n.is_multiple_of(per) {
             let lower = (self.es.n / per).max(1) * per;
             let upper = (self.es.n / per + 1) * per;
             return Err(cfg_err(
@@ -297,7 +315,10 @@ impl Config {
             ));
         }
         if let Some(0) = self.es.member_chunk {
-            return Err(cfg_err("es.member_chunk = 0", "set es.member_chunk to at least 1"));
+            return Err(cfg_err(
+                "es.member_chunk = 0",
+                "set es.member_chunk to at least 1",
+            ));
         }
         Ok(())
     }

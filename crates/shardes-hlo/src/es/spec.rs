@@ -137,16 +137,14 @@ impl Parser<'_> {
             return Err("expected a strategy name".into());
         }
         let mut args = Vec::new();
-        if self.eat(b'(') {
-            if !self.eat(b')') {
-                loop {
-                    args.push(self.arg()?);
-                    if self.eat(b')') {
-                        break;
-                    }
-                    if !self.eat(b',') {
-                        return Err(format!("expected ',' or ')' in the arguments of {name}"));
-                    }
+        if self.eat(b'(') && !self.eat(b')') {
+            loop {
+                args.push(self.arg()?);
+                if self.eat(b')') {
+                    break;
+                }
+                if !self.eat(b',') {
+                    return Err(format!("expected ',' or ')' in the arguments of {name}"));
                 }
             }
         }
@@ -228,7 +226,11 @@ mod tests {
             ("mirrored(lowrank(r=1))", "mirrored(lowrank(r=1))", 2),
             ("lowrank(r=2)", "lowrank(r=2)", 1),
             ("seed_regenerated(chunk=4)", "seed_regenerated(chunk=4)", 1),
-            ("mirrored(seed_regenerated)", "mirrored(seed_regenerated)", 2),
+            (
+                "mirrored(seed_regenerated)",
+                "mirrored(seed_regenerated)",
+                2,
+            ),
             ("iid_gaussian", "iid_gaussian", 1),
             (" Mirrored( iid_gaussian ) ", "mirrored(iid_gaussian)", 2),
         ];

@@ -5,12 +5,16 @@
 //! gets the same numbers from `jax.random` with the same key. The definitions are those of
 //! `shared/spec/semantics.md`, "Keys and random bits".
 //!
+//! [`emit`] emits the same functions as StableHLO ops over traced keys ([`Keys`]).
+//!
 //! [`host`] evaluates the functions on the CPU, in plain Rust; it is the reference the
 //! emitted programs are tested against and what builds initial parameters and data. The
 //! threefry tables ([`THREEFRY_ROTATIONS`], [`THREEFRY_PARITY`], [`THREEFRY_INJECTIONS`])
 //! live in [`host`] and are the single source for every implementation.
 
-// The emitted (StableHLO) counterpart will live in `emit.rs`, reusing host's constants.
+pub mod emit;
 pub mod host;
+
+pub use emit::Keys;
 
 pub use host::*;

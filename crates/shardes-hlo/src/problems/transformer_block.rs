@@ -22,6 +22,9 @@
 //! route every matmul through the ES `dense` seam so low-rank members are evaluated without
 //! forming a perturbed matrix).
 
+use crate::builder::{TensorType, Value};
+use crate::es::{EsError, Model, ModelParams};
+use crate::nn::{self, Act};
 use crate::params::{Array, ParamTree};
 use crate::prng::{fold_in, normal, Key};
 
@@ -144,6 +147,70 @@ pub fn make_batch(
     let x = Array::new(shape.clone(), normal(fold_in(key, 0), &shape)?)?;
     let target = Array::new(shape.clone(), normal(fold_in(key, 1), &shape)?)?;
     Ok(Batch { x, target })
+}
+
+// ---------------------------------------------------------------------------------------
+// Emitted forward and loss (through the seams)
+// ---------------------------------------------------------------------------------------
+
+/// `rms(x) = x · rsqrt(mean(x², last axis) + eps)`, no learnable scale.
+pub fn rms(x: &Act) -> Result<Act, EsError> {
+    let ms = x.mul(x)?.mean_last()?.add_scalar(f64::from(RMS_EPS))?;
+    Ok(x.mul(&ms.map(|v| v.rsqrt())?)?)
+}
+
+/// `gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/π) (x + 0.044715 x³)))`.
+pub fn gelu_tanh(x: &Act) -> Result<Act, EsError> {
+    let c = (2.0f64 / std::f64::consts::PI).sqrt();
+    let x3 = x.mul(x)?.mul(x)?;
+    let inner = x.add(&x3.scale(f64::from(GELU_CUBIC))?)?.scale(c)?;
+    let t = inner.map(|v| v.tanh())?.add_scalar(1.0)?;
+    Ok(x.mul(&t)?.scale(0.5)?)
+}
+
+impl TransformerBlock {
+    /// The forward pass `x (batch, seq, d) → (batch, seq, d)`, every matmul through
+    /// [`nn::dense`].
+    pub fn forward(&self, p: &ModelParams, x: &Act) -> Result<Act, EsError> {
+        let h = rms(x)?;
+        let q = nn::dense(&h, &p.weight("wq")?)?;
+        let k = nn::dense(&h, &p.weight("wk")?)?;
+        let v = nn::dense(&h, &p.weight("wv")?)?;
+        let scores = q
+            .bmm(&k, true)?
+            .scale(f64::from(inv_sqrt_d(self.d_model)))?;
+        let a = scores.softmax_last()?;
+        let x = x.add(&nn::dense(&a.bmm(&v, false)?, &p.weight("wo")?)?)?;
+        let h = rms(&x)?;
+        let up = gelu_tanh(&nn::dense(&h, &p.weight("w_up")?)?)?;
+        Ok(x.add(&nn::dense(&up, &p.weight("w_down")?)?)?)
+    }
+}
+
+impl Model for TransformerBlock {
+    fn batch_types(&self) -> Vec<(String, TensorType)> {
+        let shape = [self.batch as i64, self.seq as i64, self.d_model as i64];
+        vec![
+            ("x".into(), TensorType::f32(&shape)),
+            ("target".into(), TensorType::f32(&shape)),
+        ]
+    }
+
+    /// `mean((forward(x) − target)²)`, reduced in f32, one value per member.
+    fn loss(&self, p: &ModelParams, batch: &[Value]) -> Result<Act, EsError> {
+        let [x, target] = batch else {
+            return Err(EsError::Invalid {
+                message: format!(
+                    "transformer_block takes 2 batch arrays, got {}",
+                    batch.len()
+                ),
+                fix: "pass x and target".into(),
+            });
+        };
+        let out = self.forward(p, &Act::shared(x.clone()))?;
+        let diff = out.sub(&Act::shared(target.clone()))?;
+        Ok(diff.mul(&diff)?.mean_all()?)
+    }
 }
 
 #[cfg(test)]

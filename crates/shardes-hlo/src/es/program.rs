@@ -1,0 +1,1073 @@
+//! `ShardedES` and the generation program: ask + apply + tell as one StableHLO module.
+//!
+//! The program follows the spec's "State, ask and member ids", "Evaluation" and "Update"
+//! sections. Placement:
+//! - members are split over the `"pop"` axis; each device evaluates its own `n / D`
+//!   members, `member_chunk` at a time in a `while` loop (inside `sdy.manual_computation`,
+//!   so the split is exact and the chunk shape does not depend on the device count);
+//! - the fitness is gathered (scalars only) and shaped on every device;
+//! - `how = B`: each device contracts its own members, then one all-reduce per leaf;
+//!   `how = A`: every device regenerates and contracts the whole population.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+
+use crate::builder::{DType, DotDims, Func, HloError, Mesh, Module, Sharding, TensorType, Value};
+use crate::nn::{Act, Weight};
+use crate::params::ParamTree;
+use crate::prng::emit::Keys;
+
+use super::shaping::{CenteredRanks, Shaping};
+use super::strategy::{LeafInfo, Noise, Strategy};
+
+/// Where the update is contracted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum How {
+    /// Gather the weights; every device regenerates and contracts the whole population.
+    A,
+    /// Each device contracts its own members; one parameter-sized all-reduce (default).
+    #[default]
+    B,
+}
+
+/// Errors of the ES layer: invalid settings (naming the number to change) and program
+/// construction errors.
+#[derive(Debug, thiserror::Error)]
+pub enum EsError {
+    /// A setting is out of range.
+    #[error("{message}; {fix}")]
+    Invalid {
+        /// What is wrong.
+        message: String,
+        /// What to change.
+        fix: String,
+    },
+    /// The model's fitness is narrower than f32.
+    #[error(
+        "fitness is {dtype}: narrower than float32 is refused because in {dtype} a population's \
+         losses collapse into ties and ranks of ties are noise; reduce the loss in float32 \
+         (convert before the final mean)"
+    )]
+    NarrowFitness {
+        /// The offending element type.
+        dtype: String,
+    },
+    /// A model read a parameter the wrong way.
+    #[error("parameter `{path}`: {reason}")]
+    Param {
+        /// Leaf path.
+        path: String,
+        /// What went wrong and the fix.
+        reason: String,
+    },
+    /// Building the program failed.
+    #[error(transparent)]
+    Hlo(#[from] HloError),
+}
+
+fn invalid(message: String, fix: String) -> EsError {
+    EsError::Invalid { message, fix }
+}
+
+/// A model the ES program can evaluate: a per-member loss written against the seams.
+pub trait Model {
+    /// Names and types of the batch inputs (replicated on every device).
+    fn batch_types(&self) -> Vec<(String, TensorType)>;
+
+    /// The loss of every member of a chunk: an [`Act`] with logical shape `[]`
+    /// (or `[g]` for `group_relative`), f32. Read 2-D weights through
+    /// [`ModelParams::weight`] and the seams in [`crate::nn`].
+    fn loss(&self, params: &ModelParams, batch: &[Value]) -> Result<Act, EsError>;
+}
+
+/// How a model read a leaf (for [`check_model`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// Read through a seam (`dense`/`embed`).
+    Seam,
+    /// Read as a plain tensor.
+    Raw,
+}
+
+enum Leaf {
+    Matrix(Weight),
+    Dense(Act),
+}
+
+/// The parameters as a model sees them for one member chunk.
+pub struct ModelParams {
+    leaves: BTreeMap<String, Leaf>,
+    access: RefCell<BTreeMap<String, Vec<Access>>>,
+}
+
+impl ModelParams {
+    fn new(leaves: Vec<(String, Leaf)>) -> Self {
+        ModelParams {
+            leaves: leaves.into_iter().collect(),
+            access: RefCell::new(BTreeMap::new()),
+        }
+    }
+
+    fn record(&self, path: &str, a: Access) {
+        self.access
+            .borrow_mut()
+            .entry(path.to_string())
+            .or_default()
+            .push(a);
+    }
+
+    fn missing(&self, path: &str) -> EsError {
+        let known: Vec<&str> = self.leaves.keys().map(String::as_str).collect();
+        EsError::Param {
+            path: path.into(),
+            reason: format!("no such leaf; the tree has: {}", known.join(", ")),
+        }
+    }
+
+    /// A 2-D leaf for the seams ([`crate::nn::dense`], [`crate::nn::embed`]).
+    pub fn weight(&self, path: &str) -> Result<Weight, EsError> {
+        match self.leaves.get(path) {
+            Some(Leaf::Matrix(w)) => {
+                self.record(path, Access::Seam);
+                Ok(w.clone())
+            }
+            Some(Leaf::Dense(_)) => Err(EsError::Param {
+                path: path.into(),
+                reason: "is not 2-D; read it with ModelParams::tensor".into(),
+            }),
+            None => Err(self.missing(path)),
+        }
+    }
+
+    /// A leaf as a plain tensor (biases, norms). A 2-D leaf under a structured
+    /// perturbation cannot be read this way: it has no dense value to give.
+    pub fn tensor(&self, path: &str) -> Result<Act, EsError> {
+        match self.leaves.get(path) {
+            Some(Leaf::Dense(a)) => {
+                self.record(path, Access::Raw);
+                Ok(a.clone())
+            }
+            Some(Leaf::Matrix(Weight::Plain(w))) => {
+                self.record(path, Access::Raw);
+                Ok(Act::shared(w.clone()))
+            }
+            Some(Leaf::Matrix(Weight::Members(w))) => {
+                self.record(path, Access::Raw);
+                Ok(Act::per_member(w.clone())?)
+            }
+            Some(Leaf::Matrix(Weight::LowRank { .. })) => {
+                self.record(path, Access::Raw);
+                Err(EsError::Param {
+                    path: path.into(),
+                    reason: "is a low-rank structured weight with no dense value; read it \
+                             through nn::dense or nn::embed (ModelParams::weight)"
+                        .into(),
+                })
+            }
+            None => Err(self.missing(path)),
+        }
+    }
+
+    fn accesses(&self) -> BTreeMap<String, Vec<Access>> {
+        self.access.borrow().clone()
+    }
+}
+
+/// The leaves of a parameter tree as the program sees them (JAX leaf order).
+pub fn leaf_infos(tree: &ParamTree) -> Vec<LeafInfo> {
+    tree.leaves()
+        .into_iter()
+        .enumerate()
+        .map(|(index, (path, a))| LeafInfo {
+            index,
+            path,
+            shape: a.shape().iter().map(|&d| d as i64).collect(),
+        })
+        .collect()
+}
+
+/// Sharded evolution strategies: the settings of one run, validated at construction.
+pub struct ShardedES {
+    strategy: Box<dyn Strategy>,
+    n: usize,
+    sigma: f32,
+    lr: f32,
+    devices: usize,
+    shaping: Box<dyn Shaping>,
+    how: How,
+    member_chunk: Option<usize>,
+}
+
+impl std::fmt::Debug for ShardedES {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShardedES")
+            .field("strategy", &self.strategy.name())
+            .field("n", &self.n)
+            .field("sigma", &self.sigma)
+            .field("lr", &self.lr)
+            .field("devices", &self.devices)
+            .field("shaping", &self.shaping.name())
+            .field("how", &self.how)
+            .field("member_chunk", &self.member_chunk)
+            .finish()
+    }
+}
+
+/// The default members per evaluation chunk: small enough that one chunk's activations
+/// stay in cache-sized memory, and independent of the device count.
+pub const DEFAULT_MEMBER_CHUNK: usize = 32;
+
+impl ShardedES {
+    /// Validates and builds: `n` must divide by `devices × pairing`, `sigma` finite and
+    /// positive, `lr` finite. Shaping defaults to centered ranks, placement to `B`.
+    pub fn new(
+        strategy: Box<dyn Strategy>,
+        n: usize,
+        sigma: f32,
+        lr: f32,
+        devices: usize,
+    ) -> Result<ShardedES, EsError> {
+        let es = ShardedES {
+            strategy,
+            n,
+            sigma,
+            lr,
+            devices,
+            shaping: Box::new(CenteredRanks),
+            how: How::B,
+            member_chunk: None,
+        };
+        es.validate()?;
+        Ok(es)
+    }
+
+    /// Replaces the shaping.
+    pub fn with_shaping(mut self, shaping: Box<dyn Shaping>) -> Self {
+        self.shaping = shaping;
+        self
+    }
+
+    /// Sets the placement of the contraction.
+    pub fn with_how(mut self, how: How) -> Self {
+        self.how = how;
+        self
+    }
+
+    /// Sets members per evaluation chunk (checked when the program is built).
+    pub fn with_member_chunk(mut self, chunk: Option<usize>) -> Self {
+        self.member_chunk = chunk;
+        self
+    }
+
+    fn validate(&self) -> Result<(), EsError> {
+        let p = self.strategy.pairing();
+        if p != 1 && p != 2 {
+            return Err(invalid(
+                format!("strategy {} pairs {p} members", self.strategy.name()),
+                "use a pairing of 1 or 2 (mirror a strategy at most once)".into(),
+            ));
+        }
+        if self.devices == 0 {
+            return Err(invalid(
+                "devices = 0".into(),
+                "use at least 1 device".into(),
+            ));
+        }
+        let per = self.devices * p;
+        if self.n == 0 || !self.n.is_multiple_of(per) {
+            let lo = (self.n / per).max(1) * per;
+            return Err(invalid(
+                format!(
+                    "n = {} is not a positive multiple of devices ({}) × pairing ({p})",
+                    self.n, self.devices
+                ),
+                format!("set n to a multiple of {per}, e.g. {lo} or {}", lo + per),
+            ));
+        }
+        if !(self.sigma.is_finite() && self.sigma > 0.0) {
+            return Err(invalid(
+                format!("sigma = {} is not finite and > 0", self.sigma),
+                "set sigma to a small positive number such as 0.01".into(),
+            ));
+        }
+        if !self.lr.is_finite() {
+            return Err(invalid(
+                format!("lr = {} is not finite", self.lr),
+                "set lr to a finite number such as 0.01".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Population size.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Devices on the `"pop"` axis.
+    pub fn devices(&self) -> usize {
+        self.devices
+    }
+
+    /// Noise scale.
+    pub fn sigma(&self) -> f32 {
+        self.sigma
+    }
+
+    /// Learning rate.
+    pub fn lr(&self) -> f32 {
+        self.lr
+    }
+
+    /// Placement of the contraction.
+    pub fn how(&self) -> How {
+        self.how
+    }
+
+    /// The strategy.
+    pub fn strategy(&self) -> &dyn Strategy {
+        self.strategy.as_ref()
+    }
+
+    /// The shaping.
+    pub fn shaping(&self) -> &dyn Shaping {
+        self.shaping.as_ref()
+    }
+
+    /// Members each device evaluates per loop step: the configured chunk (or the
+    /// strategy's, or [`DEFAULT_MEMBER_CHUNK`] capped at the local population), checked to
+    /// divide the local population and the pairing.
+    pub fn member_chunk(&self) -> Result<usize, EsError> {
+        let local = self.n / self.devices;
+        let p = self.strategy.pairing();
+        let c = self
+            .member_chunk
+            .or(self.strategy.chunk())
+            .unwrap_or(DEFAULT_MEMBER_CHUNK.min(local));
+        if c == 0 || !c.is_multiple_of(p) || !local.is_multiple_of(c) {
+            return Err(invalid(
+                format!(
+                    "member chunk {c} does not divide the {local} members per device in \
+                     multiples of the pairing {p}"
+                ),
+                format!("set the member chunk to a divisor of {local} that is a multiple of {p}"),
+            ));
+        }
+        Ok(c)
+    }
+
+    /// `lr / (n σ)`, the f32 factor of the update, computed once.
+    pub fn update_scale(&self) -> f32 {
+        self.lr / (self.n as f32 * self.sigma)
+    }
+}
+
+/// Argument and result positions of a generation program.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// The parameter leaves, in order (arguments `0..L` and results `0..L`).
+    pub leaves: Vec<LeafInfo>,
+    /// Names and types of the batch arguments (after `key` and `generation`).
+    pub batch: Vec<(String, TensorType)>,
+    /// Population size.
+    pub n: usize,
+    /// Fitness columns per member (1 unless the model returns several tasks).
+    pub tasks: usize,
+}
+
+impl Layout {
+    /// Index of the `key` argument (u32[2]).
+    pub fn key_arg(&self) -> usize {
+        self.leaves.len()
+    }
+    /// Index of the `generation` argument (u32 scalar).
+    pub fn generation_arg(&self) -> usize {
+        self.leaves.len() + 1
+    }
+    /// Index of the first batch argument.
+    pub fn batch_arg(&self) -> usize {
+        self.leaves.len() + 2
+    }
+    /// Index of the fitness result.
+    pub fn fitness_result(&self) -> usize {
+        self.leaves.len() + 1
+    }
+}
+
+/// A built program and its layout.
+pub struct Program {
+    /// The module (print with [`Module::to_mlir`]).
+    pub module: Module,
+    /// Argument/result positions.
+    pub layout: Layout,
+}
+
+fn f32s(shape: &[i64]) -> TensorType {
+    TensorType::f32(shape)
+}
+
+fn dims(lb: &[usize], rb: &[usize], lc: &[usize], rc: &[usize]) -> DotDims {
+    DotDims {
+        lhs_batch: lb.to_vec(),
+        rhs_batch: rb.to_vec(),
+        lhs_contract: lc.to_vec(),
+        rhs_contract: rc.to_vec(),
+    }
+}
+
+/// Direction ids and signs of a block of member ids (`u32[c]`, aligned to the pairing):
+/// `dirs = ids[::p] / p` (`u32[c/p]`), `signs` f32[c] (+1, or −1 for odd mirrored members).
+fn directions(ids: &Value, p: i64) -> Result<(Value, Value), EsError> {
+    let f = ids.func();
+    let c = ids.shape()[0];
+    if p == 1 {
+        return Ok((ids.clone(), f.full(1.0f32, &[c])?));
+    }
+    let dirs = ids
+        .reshape(&[c / p, p])?
+        .slice_in_dim(0, 1, 1)?
+        .reshape(&[c / p])?
+        .shift_right_logical(&f.scalar(1u32)?)?;
+    let odd = ids.and(&f.scalar(1u32)?)?.convert(DType::F32)?;
+    let signs = f.scalar(1.0f32)?.sub(&odd.mul(&f.scalar(2.0f32)?)?)?;
+    Ok((dirs, signs))
+}
+
+/// Multiplies `x [c, ...]` by `s [c]` along dim 0.
+fn scale_rows(x: &Value, s: &Value) -> Result<Value, EsError> {
+    Ok(x.mul(&s.broadcast_in_dim(x.shape(), &[0])?)?)
+}
+
+/// The per-leaf stream keys `fold_in(base_key, j)`.
+fn streams(base: &Keys, leaves: &[LeafInfo]) -> Result<Vec<Keys>, EsError> {
+    leaves
+        .iter()
+        .map(|l| Ok(base.fold_in_const(l.index as u32)?))
+        .collect()
+}
+
+impl ShardedES {
+    fn check_leaves(&self, leaves: &[LeafInfo]) -> Result<(), EsError> {
+        for (j, l) in leaves.iter().enumerate() {
+            if l.index != j {
+                return Err(EsError::Param {
+                    path: l.path.clone(),
+                    reason: format!("leaf index {} at position {j}; use leaf_infos()", l.index),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Perturbed parameters of one member chunk for the model.
+    fn perturbed(
+        &self,
+        params: &[Value],
+        leaves: &[LeafInfo],
+        noise: &[Noise],
+        signs: &Value,
+    ) -> Result<ModelParams, EsError> {
+        let f = signs.func();
+        let p = self.strategy.pairing() as i64;
+        let sig = signs.mul(&f.scalar(self.sigma)?)?;
+        let mut out = Vec::with_capacity(leaves.len());
+        for ((leaf, theta), noise) in leaves.iter().zip(params).zip(noise) {
+            let noise = noise.repeat(p)?;
+            let entry = match noise {
+                Noise::Factors { a, b } => {
+                    let r = a.shape()[1];
+                    let inv = f.scalar(1.0f32 / (r as f32).sqrt())?;
+                    Leaf::Matrix(Weight::LowRank {
+                        base: theta.clone(),
+                        a,
+                        b,
+                        scale: sig.mul(&inv)?,
+                    })
+                }
+                Noise::Dense(e) => {
+                    let c = e.shape()[0];
+                    let mut shape = vec![c];
+                    shape.extend_from_slice(theta.shape());
+                    let tdims: Vec<usize> = (1..shape.len()).collect();
+                    let w = theta
+                        .broadcast_in_dim(&shape, &tdims)?
+                        .add(&scale_rows(&e, &sig)?)?;
+                    if leaf.shape.len() == 2 {
+                        Leaf::Matrix(Weight::Members(w))
+                    } else {
+                        Leaf::Dense(Act::per_member(w)?)
+                    }
+                }
+            };
+            out.push((leaf.path.clone(), entry));
+        }
+        Ok(ModelParams::new(out))
+    }
+
+    /// The loss of a chunk as `f32[c]` or `f32[c, g]`, refusing narrow fitness.
+    fn chunk_fitness(&self, loss: Act, c: i64) -> Result<Value, EsError> {
+        match loss.dtype() {
+            DType::F32 => {}
+            DType::F64 => {}
+            d @ (DType::BF16 | DType::F16) => {
+                return Err(EsError::NarrowFitness {
+                    dtype: d.mlir().to_string(),
+                })
+            }
+            d => {
+                return Err(invalid(
+                    format!("the model's loss has element type {}", d.mlir()),
+                    "return a float32 loss".into(),
+                ))
+            }
+        }
+        let logical = loss.logical_shape().to_vec();
+        if logical.len() > 1 {
+            return Err(invalid(
+                format!("the model's loss has logical shape {logical:?}"),
+                "return one scalar per member (or [g] task losses for group_relative)".into(),
+            ));
+        }
+        let mut shape = vec![c];
+        shape.extend_from_slice(&logical);
+        let v = match loss.members() {
+            Some(_) => loss.value().clone(),
+            None => {
+                let d: Vec<usize> = (1..shape.len()).collect();
+                loss.value().broadcast_in_dim(&shape, &d)?
+            }
+        };
+        Ok(if v.dtype() == DType::F64 {
+            v.convert(DType::F32)?
+        } else {
+            v
+        })
+    }
+
+    /// Noise for a block of directions: regenerated, or sliced from a materialized set.
+    fn chunk_noise(
+        &self,
+        streams: &[Keys],
+        leaves: &[LeafInfo],
+        dirs: &Value,
+        all: Option<(&[Noise], &Value)>,
+    ) -> Result<Vec<Noise>, EsError> {
+        let d = dirs.shape()[0];
+        match all {
+            Some((noise, start)) => noise
+                .iter()
+                .map(|n| Ok(n.dynamic_rows(start, d)?))
+                .collect(),
+            None => leaves
+                .iter()
+                .zip(streams)
+                .map(|(l, s)| Ok(self.strategy.noise(s, l, dirs)?))
+                .collect(),
+        }
+    }
+
+    /// `apply`: every local member's loss. Runs inside the manual computation, on local
+    /// values; `ids` are this device's global member ids.
+    fn apply_local(
+        &self,
+        model: &dyn Model,
+        ids: &Value,
+        base_key: &Value,
+        params: &[Value],
+        batch: &[Value],
+        layout: &Layout,
+    ) -> Result<Value, EsError> {
+        let (leaves, tasks) = (&layout.leaves[..], layout.tasks);
+        let f = ids.func();
+        let local = ids.shape()[0];
+        let c = self.member_chunk()? as i64;
+        let p = self.strategy.pairing() as i64;
+        let base = Keys::from_data(base_key)?;
+        let streams = streams(&base, leaves)?;
+        let all = if self.strategy.materialized() {
+            let (dirs, _) = directions(ids, p)?;
+            Some(self.chunk_noise(&streams, leaves, &dirs, None)?)
+        } else {
+            None
+        };
+        let mut fshape = vec![local];
+        if tasks > 1 {
+            fshape.push(tasks as i64);
+        }
+        let init = f.full(0.0f32, &fshape)?;
+        let steps = (local / c) as i32;
+        let err: RefCell<Option<EsError>> = RefCell::new(None);
+        let out = f.fori_loop(0, steps, &[&init], |i, carried| {
+            let run = || -> Result<Value, EsError> {
+                let start = i.mul(&f.scalar(c as i32)?)?;
+                let ids_c = ids.dynamic_slice(&[&start], &[c])?;
+                let (dirs, signs) = directions(&ids_c, p)?;
+                let dstart = i.mul(&f.scalar((c / p) as i32)?)?;
+                let noise = self.chunk_noise(
+                    &streams,
+                    leaves,
+                    &dirs,
+                    all.as_deref().map(|n| (n, &dstart)),
+                )?;
+                let mp = self.perturbed(params, leaves, &noise, &signs)?;
+                let loss = model.loss(&mp, batch)?;
+                let fit = self.chunk_fitness(loss, c)?;
+                let zero = f.scalar(0i32)?;
+                let starts: Vec<&Value> = if tasks > 1 {
+                    vec![&start, &zero]
+                } else {
+                    vec![&start]
+                };
+                Ok(carried[0].dynamic_update_slice(&fit, &starts)?)
+            };
+            match run() {
+                Ok(v) => Ok(vec![v]),
+                Err(e) => {
+                    let msg = e.to_string();
+                    *err.borrow_mut() = Some(e);
+                    Err(HloError::InvalidAttribute {
+                        op: "apply".into(),
+                        types: String::new(),
+                        reason: msg,
+                    })
+                }
+            }
+        });
+        if let Some(e) = err.into_inner() {
+            return Err(e);
+        }
+        Ok(out?.remove(0))
+    }
+
+    /// `tell`'s contraction `u_j = Σ_i w_i s_i ε_j(i)` over the given members (local ids
+    /// for `B`, all ids for `A`). Runs inside the manual computation.
+    fn contract_local(
+        &self,
+        ids: &Value,
+        weights: &Value,
+        base_key: &Value,
+        leaves: &[LeafInfo],
+    ) -> Result<Vec<Value>, EsError> {
+        let f = ids.func();
+        let count = ids.shape()[0];
+        let p = self.strategy.pairing() as i64;
+        let c = self.member_chunk()? as i64;
+        let cd = c / p;
+        let (dirs_all, signs) = directions(ids, p)?;
+        let mut coef = weights.mul(&signs)?;
+        if p > 1 {
+            coef = coef.reshape(&[count / p, p])?.reduce_sum(&[1])?;
+        }
+        let base = Keys::from_data(base_key)?;
+        let streams = streams(&base, leaves)?;
+        let all = if self.strategy.materialized() {
+            Some(self.chunk_noise(&streams, leaves, &dirs_all, None)?)
+        } else {
+            None
+        };
+        let inits: Vec<Value> = leaves
+            .iter()
+            .map(|l| f.full(0.0f32, &l.shape))
+            .collect::<Result<_, _>>()?;
+        let init_refs: Vec<&Value> = inits.iter().collect();
+        let steps = (count / p / cd) as i32;
+        let err: RefCell<Option<EsError>> = RefCell::new(None);
+        let out = f.fori_loop(0, steps, &init_refs, |i, acc| {
+            let run = || -> Result<Vec<Value>, EsError> {
+                let start = i.mul(&f.scalar(cd as i32)?)?;
+                let dirs = dirs_all.dynamic_slice(&[&start], &[cd])?;
+                let k = coef.dynamic_slice(&[&start], &[cd])?;
+                let noise =
+                    self.chunk_noise(&streams, leaves, &dirs, all.as_deref().map(|n| (n, &start)))?;
+                let mut next = Vec::with_capacity(leaves.len());
+                for (noise, u) in noise.iter().zip(acc) {
+                    let term = match noise {
+                        Noise::Dense(e) => {
+                            let ed: Vec<usize> = vec![0];
+                            k.dot_general(e, &dims(&[], &[], &[0], &ed))?
+                        }
+                        Noise::Factors { a, b } => {
+                            let r = a.shape()[1];
+                            let ks = k.mul(&f.scalar(1.0f32 / (r as f32).sqrt())?)?;
+                            scale_rows(a, &ks)?.dot_general(b, &dims(&[], &[], &[0, 1], &[0, 1]))?
+                        }
+                    };
+                    next.push(u.add(&term)?);
+                }
+                Ok(next)
+            };
+            run().map_err(|e| {
+                let msg = e.to_string();
+                *err.borrow_mut() = Some(e);
+                HloError::InvalidAttribute {
+                    op: "tell".into(),
+                    types: String::new(),
+                    reason: msg,
+                }
+            })
+        });
+        if let Some(e) = err.into_inner() {
+            return Err(e);
+        }
+        Ok(out?)
+    }
+
+    fn layout(&self, model: &dyn Model, leaves: &[LeafInfo]) -> Layout {
+        Layout {
+            leaves: leaves.to_vec(),
+            batch: model.batch_types(),
+            n: self.n,
+            tasks: self.shaping.tasks().unwrap_or(1),
+        }
+    }
+
+    /// Declares the state and batch arguments: params (donated into results `0..L`),
+    /// key, generation (donated into result `L`), batch.
+    fn state_args(
+        &self,
+        f: &Func,
+        layout: &Layout,
+    ) -> Result<(Vec<Value>, Value, Value, Vec<Value>), EsError> {
+        let mut params = Vec::new();
+        for (j, l) in layout.leaves.iter().enumerate() {
+            let v = f.arg_donated(
+                &l.path,
+                f32s(&l.shape),
+                &Sharding::replicated(l.shape.len()),
+                j,
+            )?;
+            params.push(v);
+        }
+        let key = f.arg_sharded("key", TensorType::u32(&[2]), &Sharding::replicated(1))?;
+        let generation = f.arg_donated(
+            "generation",
+            TensorType::scalar(DType::U32),
+            &Sharding::replicated(0),
+            layout.leaves.len(),
+        )?;
+        let mut batch = Vec::new();
+        for (name, ty) in &layout.batch {
+            batch.push(f.arg_sharded(name, ty.clone(), &Sharding::replicated(ty.rank()))?);
+        }
+        Ok((params, key, generation, batch))
+    }
+
+    /// `ask`: the generation's base key `fold_in(key, generation)` (as u32[2]) and the
+    /// incremented generation.
+    fn ask(&self, key: &Value, generation: &Value) -> Result<(Value, Value), EsError> {
+        let base = Keys::from_data(key)?.fold_in(generation)?.data()?;
+        let next = generation.add(&generation.func().scalar(1u32)?)?;
+        Ok((base, next))
+    }
+
+    /// `apply` over the whole population: fitness `f32[n]` (or `[n, g]`), split over "pop".
+    fn apply(
+        &self,
+        model: &dyn Model,
+        layout: &Layout,
+        base_key: &Value,
+        params: &[Value],
+        batch: &[Value],
+    ) -> Result<Value, EsError> {
+        let f = base_key.func();
+        let n = self.n as i64;
+        let ids = f
+            .iota(TensorType::u32(&[n]), 0)?
+            .shard(&Sharding::split(1, 0)?)?;
+        let mut inputs: Vec<&Value> = vec![&ids, base_key];
+        inputs.extend(params.iter());
+        inputs.extend(batch.iter());
+        let mut in_sh = vec![Sharding::split(1, 0)?, Sharding::replicated(1)];
+        in_sh.extend(inputs[2..].iter().map(|v| Sharding::replicated(v.rank())));
+        let tasks = layout.tasks;
+        let out_rank = if tasks > 1 { 2 } else { 1 };
+        let nl = params.len();
+        let err: RefCell<Option<EsError>> = RefCell::new(None);
+        let out = f.manual_computation(&inputs, &in_sh, &[Sharding::split(out_rank, 0)?], |loc| {
+            self.apply_local(
+                model,
+                &loc[0],
+                &loc[1],
+                &loc[2..2 + nl],
+                &loc[2 + nl..],
+                layout,
+            )
+            .map(|v| vec![v])
+            .map_err(|e| {
+                let msg = e.to_string();
+                *err.borrow_mut() = Some(e);
+                HloError::InvalidAttribute {
+                    op: "apply".into(),
+                    types: String::new(),
+                    reason: msg,
+                }
+            })
+        });
+        if let Some(e) = err.into_inner() {
+            return Err(e);
+        }
+        Ok(out?.remove(0))
+    }
+
+    /// `tell`: shaped weights → new parameters `θ − lr/(nσ) · u`.
+    fn tell(
+        &self,
+        layout: &Layout,
+        base_key: &Value,
+        params: &[Value],
+        weights: &Value,
+    ) -> Result<Vec<Value>, EsError> {
+        let f = base_key.func();
+        let n = self.n as i64;
+        let (member_sh, weights) = match self.how {
+            How::B => (
+                Sharding::split(1, 0)?,
+                weights.shard(&Sharding::split(1, 0)?)?,
+            ),
+            How::A => (Sharding::replicated(1), weights.clone()),
+        };
+        let ids = f.iota(TensorType::u32(&[n]), 0)?.shard(&member_sh)?;
+        let inputs: Vec<&Value> = vec![&ids, &weights, base_key];
+        let in_sh = vec![member_sh.clone(), member_sh, Sharding::replicated(1)];
+        let out_sh: Vec<Sharding> = layout
+            .leaves
+            .iter()
+            .map(|l| Sharding::replicated(l.shape.len()))
+            .collect();
+        let how = self.how;
+        let err: RefCell<Option<EsError>> = RefCell::new(None);
+        let u = f.manual_computation(&inputs, &in_sh, &out_sh, |loc| {
+            let run = || -> Result<Vec<Value>, EsError> {
+                let u = self.contract_local(&loc[0], &loc[1], &loc[2], &layout.leaves)?;
+                match how {
+                    How::B => u.iter().map(|v| Ok(v.all_reduce_sum()?)).collect(),
+                    How::A => Ok(u),
+                }
+            };
+            run().map_err(|e| {
+                let msg = e.to_string();
+                *err.borrow_mut() = Some(e);
+                HloError::InvalidAttribute {
+                    op: "tell".into(),
+                    types: String::new(),
+                    reason: msg,
+                }
+            })
+        });
+        if let Some(e) = err.into_inner() {
+            return Err(e);
+        }
+        let scale = f.scalar(self.update_scale())?;
+        params
+            .iter()
+            .zip(u?)
+            .map(|(theta, u)| Ok(theta.sub(&u.mul(&scale)?)?))
+            .collect()
+    }
+
+    /// Fitness → weights on every device.
+    fn shape_fitness(&self, fitness: &Value) -> Result<Value, EsError> {
+        let rep = fitness.shard(&Sharding::replicated(fitness.rank()))?;
+        Ok(self.shaping.weights(&rep)?)
+    }
+
+    /// The generation program: `(params…, key, generation, batch…) → (params'…,
+    /// generation + 1, fitness)`. Params and generation are donated; the key is unchanged.
+    pub fn generation_program(
+        &self,
+        model: &dyn Model,
+        leaves: &[LeafInfo],
+    ) -> Result<Program, EsError> {
+        self.check_leaves(leaves)?;
+        self.member_chunk()?;
+        let layout = self.layout(model, leaves);
+        let mut module = Module::with_mesh("generation", Mesh::pop(self.devices as i64)?);
+        let f = module.func("main");
+        let (params, key, generation, batch) = self.state_args(&f, &layout)?;
+        let (base_key, next) = self.ask(&key, &generation)?;
+        let fitness = self.apply(model, &layout, &base_key, &params, &batch)?;
+        let weights = self.shape_fitness(&fitness)?;
+        let new_params = self.tell(&layout, &base_key, &params, &weights)?;
+        for (p, l) in new_params.iter().zip(&layout.leaves) {
+            f.output_sharded(p, &Sharding::replicated(l.shape.len()))?;
+        }
+        f.output_sharded(&next, &Sharding::replicated(0))?;
+        f.output_sharded(&fitness, &Sharding::split(fitness.rank(), 0)?)?;
+        module.add(f.finish()?)?;
+        Ok(Program { module, layout })
+    }
+
+    /// The split mode's first half: `(params…, key, generation, batch…) → fitness`, nothing
+    /// donated. Pair it with [`ShardedES::tell_program`] to compute rewards outside XLA.
+    pub fn ask_apply_program(
+        &self,
+        model: &dyn Model,
+        leaves: &[LeafInfo],
+    ) -> Result<Program, EsError> {
+        self.check_leaves(leaves)?;
+        self.member_chunk()?;
+        let layout = self.layout(model, leaves);
+        let mut module = Module::with_mesh("ask_apply", Mesh::pop(self.devices as i64)?);
+        let f = module.func("main");
+        let mut params = Vec::new();
+        for l in &layout.leaves {
+            params.push(f.arg_sharded(
+                &l.path,
+                f32s(&l.shape),
+                &Sharding::replicated(l.shape.len()),
+            )?);
+        }
+        let key = f.arg_sharded("key", TensorType::u32(&[2]), &Sharding::replicated(1))?;
+        let generation = f.arg_sharded(
+            "generation",
+            TensorType::scalar(DType::U32),
+            &Sharding::replicated(0),
+        )?;
+        let mut batch = Vec::new();
+        for (name, ty) in &layout.batch {
+            batch.push(f.arg_sharded(name, ty.clone(), &Sharding::replicated(ty.rank()))?);
+        }
+        let (base_key, _) = self.ask(&key, &generation)?;
+        let fitness = self.apply(model, &layout, &base_key, &params, &batch)?;
+        f.output_sharded(&fitness, &Sharding::split(fitness.rank(), 0)?)?;
+        module.add(f.finish()?)?;
+        Ok(Program { module, layout })
+    }
+
+    /// The split mode's second half: `(params…, key, generation, fitness) → (params'…,
+    /// generation + 1)` with a host-provided f32 fitness (replicated input).
+    pub fn tell_program(&self, leaves: &[LeafInfo], tasks: usize) -> Result<Program, EsError> {
+        self.check_leaves(leaves)?;
+        self.member_chunk()?;
+        let layout = Layout {
+            leaves: leaves.to_vec(),
+            batch: Vec::new(),
+            n: self.n,
+            tasks,
+        };
+        let mut module = Module::with_mesh("tell", Mesh::pop(self.devices as i64)?);
+        let f = module.func("main");
+        let (params, key, generation, _) = self.state_args(&f, &layout)?;
+        let mut fshape = vec![self.n as i64];
+        if tasks > 1 {
+            fshape.push(tasks as i64);
+        }
+        let fitness = f.arg_sharded(
+            "fitness",
+            f32s(&fshape),
+            &Sharding::replicated(fshape.len()),
+        )?;
+        let (base_key, next) = self.ask(&key, &generation)?;
+        let weights = self.shape_fitness(&fitness)?;
+        let new_params = self.tell(&layout, &base_key, &params, &weights)?;
+        for (p, l) in new_params.iter().zip(&layout.leaves) {
+            f.output_sharded(p, &Sharding::replicated(l.shape.len()))?;
+        }
+        f.output_sharded(&next, &Sharding::replicated(0))?;
+        module.add(f.finish()?)?;
+        Ok(Program { module, layout })
+    }
+
+    /// A zero-noise variant for the inference limit: the same member chunking, sharding
+    /// and loss through the unperturbed parameters, every member evaluated.
+    pub fn inference_program(
+        &self,
+        model: &dyn Model,
+        leaves: &[LeafInfo],
+    ) -> Result<Program, EsError> {
+        let zero = ShardedES {
+            strategy: Box::new(ZeroNoise),
+            n: self.n,
+            sigma: self.sigma,
+            lr: self.lr,
+            devices: self.devices,
+            shaping: Box::new(super::shaping::NoShaping),
+            how: self.how,
+            member_chunk: Some(self.member_chunk()?),
+        };
+        zero.ask_apply_program(model, leaves)
+    }
+}
+
+/// Noise that is exactly zero and free, in the per-member layout: the inference baseline.
+struct ZeroNoise;
+
+impl Strategy for ZeroNoise {
+    fn name(&self) -> String {
+        "zero".into()
+    }
+
+    fn noise(
+        &self,
+        _stream: &Keys,
+        leaf: &LeafInfo,
+        dirs: &Value,
+    ) -> crate::builder::Result<Noise> {
+        let mut shape = vec![dirs.shape()[0]];
+        shape.extend_from_slice(&leaf.shape);
+        Ok(Noise::Dense(dirs.func().full(0.0f32, &shape)?))
+    }
+}
+
+/// What [`check_model`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Finding {
+    /// Leaf path.
+    pub path: String,
+    /// What is wrong and how to fix it.
+    pub message: String,
+}
+
+/// Reports every 2-D leaf the model reads without a seam and every leaf it never reads,
+/// by building the model once for a chunk of two low-rank members.
+pub fn check_model(model: &dyn Model, leaves: &[LeafInfo]) -> Result<Vec<Finding>, EsError> {
+    let f = Func::new("check");
+    let c = 2;
+    let mut entries = Vec::new();
+    for l in leaves {
+        let theta = f.arg(&l.path, f32s(&l.shape))?;
+        let entry = if let [m, k] = l.shape.as_slice() {
+            Leaf::Matrix(Weight::LowRank {
+                base: theta,
+                a: f.full(0.0f32, &[c, 1, *m])?,
+                b: f.full(0.0f32, &[c, 1, *k])?,
+                scale: f.full(0.0f32, &[c])?,
+            })
+        } else {
+            let mut shape = vec![c];
+            shape.extend_from_slice(&l.shape);
+            let d: Vec<usize> = (1..shape.len()).collect();
+            Leaf::Dense(Act::per_member(theta.broadcast_in_dim(&shape, &d)?)?)
+        };
+        entries.push((l.path.clone(), entry));
+    }
+    let mp = ModelParams::new(entries);
+    let mut batch = Vec::new();
+    for (name, ty) in model.batch_types() {
+        batch.push(f.arg(&name, ty)?);
+    }
+    let mut findings = Vec::new();
+    if let Err(e) = model.loss(&mp, &batch) {
+        match e {
+            EsError::Param { .. } => {}
+            other => return Err(other),
+        }
+    }
+    let acc = mp.accesses();
+    for l in leaves {
+        match acc.get(&l.path) {
+            None => findings.push(Finding {
+                path: l.path.clone(),
+                message: "never read by the model: remove it from the tree or use it".into(),
+            }),
+            Some(a) if l.shape.len() == 2 && a.contains(&Access::Raw) => findings.push(Finding {
+                path: l.path.clone(),
+                message: "2-D leaf read without a seam: use nn::dense(x, params.weight(..)) \
+                          or nn::embed so low-rank strategies never densify it"
+                    .into(),
+            }),
+            _ => {}
+        }
+    }
+    Ok(findings)
+}

@@ -1,0 +1,517 @@
+//! The seams: [`dense`] and [`embed`], the only ways a model reads a 2-D weight.
+//!
+//! A model is written once, for one member, against [`Act`] (an activation shared by a
+//! chunk of members or held per member) and [`Weight`] (a plain matrix, one matrix per
+//! member, or a base matrix plus per-member rank-r factors). The seams pick the cheapest
+//! contraction for each combination: with a shared input and a low-rank weight the base
+//! product `x Wᵀ` is computed once for the whole chunk and only the rank-r correction is
+//! per member; the factors are never multiplied out. [`Weight`] has no arithmetic of its
+//! own, so a model cannot densify a structured weight by accident.
+//!
+//! Weights are stored `(out, in)`: `dense(x, W) = x · Wᵀ`, `embed(E, ids) = E[ids]`.
+
+use crate::builder::{DType, DotDims, HloError, Result, Value};
+
+/// A 2-D weight as the seams see it.
+#[derive(Clone, Debug)]
+pub enum Weight {
+    /// The same `(m, k)` matrix for every member.
+    Plain(Value),
+    /// One `(m, k)` matrix per member: `[C, m, k]` (full-rank perturbations).
+    Members(Value),
+    /// `W_i = base + scale_i · A_i B_iᵀ` without ever forming it: `base (m, k)`,
+    /// `a [C, r, m]`, `b [C, r, k]`, `scale [C]` (`s σ / √r` per member).
+    LowRank {
+        /// The shared base matrix `(m, k)`.
+        base: Value,
+        /// Left factors, `[C, r, m]`.
+        a: Value,
+        /// Right factors, `[C, r, k]`.
+        b: Value,
+        /// Per-member scale, `[C]`.
+        scale: Value,
+    },
+}
+
+impl Weight {
+    /// The matrix shape `(m, k)` every member sees.
+    pub fn matrix_shape(&self) -> [i64; 2] {
+        let s = match self {
+            Weight::Plain(w) | Weight::LowRank { base: w, .. } => w.shape(),
+            Weight::Members(w) => &w.shape()[1..],
+        };
+        [s[0], s[1]]
+    }
+
+    /// Members per chunk, if the weight differs between members.
+    pub fn members(&self) -> Option<i64> {
+        match self {
+            Weight::Plain(_) => None,
+            Weight::Members(w) => Some(w.shape()[0]),
+            Weight::LowRank { scale, .. } => Some(scale.shape()[0]),
+        }
+    }
+}
+
+/// An activation: one value shared by every member of a chunk, or one per member
+/// (`members = Some(C)`, leading dimension `C`).
+///
+/// Model code sees the *logical* shape (without the member dimension); every method
+/// aligns shared and per-member operands itself.
+#[derive(Clone, Debug)]
+pub struct Act {
+    v: Value,
+    members: Option<i64>,
+}
+
+fn seam_err(op: &str, types: String, reason: impl Into<String>) -> HloError {
+    HloError::InvalidAttribute {
+        op: op.into(),
+        types,
+        reason: reason.into(),
+    }
+}
+
+/// A scalar constant of `like`'s dtype holding `x` rounded to that dtype.
+fn rounded(like: &Value, x: f64) -> Result<Value> {
+    let f = like.func();
+    match like.dtype() {
+        DType::F64 => f.scalar(x),
+        // Rounding to the activation's precision is the point.
+        DType::F32 => f.scalar(x as f32),
+        d if d.is_float() => f.scalar(x as f32)?.convert(d),
+        _ => like.const_like(x),
+    }
+}
+
+/// numpy broadcast of two logical shapes.
+fn broadcast_logical(op: &str, a: &[i64], b: &[i64]) -> Result<Vec<i64>> {
+    let r = a.len().max(b.len());
+    let mut out = vec![0; r];
+    for i in 0..r {
+        let da = if i + a.len() >= r {
+            a[i + a.len() - r]
+        } else {
+            1
+        };
+        let db = if i + b.len() >= r {
+            b[i + b.len() - r]
+        } else {
+            1
+        };
+        out[i] = match (da, db) {
+            (x, y) if x == y => x,
+            (1, y) => y,
+            (x, 1) => x,
+            _ => {
+                return Err(seam_err(
+                    op,
+                    format!("{a:?} and {b:?}"),
+                    "logical shapes are not broadcast-compatible",
+                ))
+            }
+        };
+    }
+    Ok(out)
+}
+
+impl Act {
+    /// An activation shared by all members.
+    pub fn shared(v: Value) -> Act {
+        Act { v, members: None }
+    }
+
+    /// A per-member activation; `v`'s leading dimension is the member dimension.
+    pub fn per_member(v: Value) -> Result<Act> {
+        let c = *v.shape().first().ok_or_else(|| {
+            seam_err(
+                "Act::per_member",
+                v.ty().to_string(),
+                "needs a leading member dimension",
+            )
+        })?;
+        Ok(Act {
+            v,
+            members: Some(c),
+        })
+    }
+
+    /// The underlying value (with the member dimension first if per member).
+    pub fn value(&self) -> &Value {
+        &self.v
+    }
+
+    /// Members, if the activation differs per member.
+    pub fn members(&self) -> Option<i64> {
+        self.members
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.v.dtype()
+    }
+
+    /// The shape one member sees.
+    pub fn logical_shape(&self) -> &[i64] {
+        match self.members {
+            Some(_) => &self.v.shape()[1..],
+            None => self.v.shape(),
+        }
+    }
+
+    fn offset(&self) -> usize {
+        usize::from(self.members.is_some())
+    }
+
+    /// This activation broadcast to logical shape `shape` with `c` members (`None`: shared).
+    fn align(&self, c: Option<i64>, shape: &[i64]) -> Result<Value> {
+        let own = self.logical_shape();
+        if self.members == c && own == shape {
+            return Ok(self.v.clone());
+        }
+        let lead = usize::from(c.is_some());
+        let mut full = Vec::with_capacity(shape.len() + lead);
+        full.extend(c);
+        full.extend_from_slice(shape);
+        // Logical dims align on the right; the member dim (if any) maps to dim 0.
+        let skip = shape.len() - own.len();
+        let mut dims: Vec<usize> = Vec::new();
+        if self.members.is_some() {
+            dims.push(0);
+        }
+        dims.extend((0..own.len()).map(|i| lead + skip + i));
+        self.v.broadcast_in_dim(&full, &dims)
+    }
+
+    fn common(&self, other: &Act, op: &str) -> Result<(Option<i64>, Vec<i64>)> {
+        let c = match (self.members, other.members) {
+            (Some(a), Some(b)) if a != b => {
+                return Err(seam_err(
+                    op,
+                    format!("{} and {}", self.v.ty(), other.v.ty()),
+                    format!("activations of {a} and {b} members cannot be combined"),
+                ))
+            }
+            (a, b) => a.or(b),
+        };
+        let shape = broadcast_logical(op, self.logical_shape(), other.logical_shape())?;
+        Ok((c, shape))
+    }
+
+    /// Applies an elementwise function to the value (member dimension included).
+    pub fn map(&self, f: impl FnOnce(&Value) -> Result<Value>) -> Result<Act> {
+        let v = f(&self.v)?;
+        if v.shape() != self.v.shape() {
+            return Err(seam_err(
+                "Act::map",
+                format!("{} -> {}", self.v.ty(), v.ty()),
+                "map must be elementwise (same shape)",
+            ));
+        }
+        Ok(Act {
+            v,
+            members: self.members,
+        })
+    }
+
+    /// Combines two activations elementwise with numpy broadcasting of the logical shapes.
+    pub fn zip(&self, other: &Act, f: impl FnOnce(&Value, &Value) -> Result<Value>) -> Result<Act> {
+        let (c, shape) = self.common(other, "Act::zip")?;
+        let a = self.align(c, &shape)?;
+        let b = other.align(c, &shape)?;
+        Ok(Act {
+            v: f(&a, &b)?,
+            members: c,
+        })
+    }
+
+    /// `self + other`.
+    pub fn add(&self, other: &Act) -> Result<Act> {
+        self.zip(other, |a, b| a.add(b))
+    }
+
+    /// `self - other`.
+    pub fn sub(&self, other: &Act) -> Result<Act> {
+        self.zip(other, |a, b| a.sub(b))
+    }
+
+    /// `self * other`.
+    pub fn mul(&self, other: &Act) -> Result<Act> {
+        self.zip(other, |a, b| a.mul(b))
+    }
+
+    /// `self / other`.
+    pub fn div(&self, other: &Act) -> Result<Act> {
+        self.zip(other, |a, b| a.div(b))
+    }
+
+    /// `self * x` for a constant `x`, rounded once to the activation's dtype (like a
+    /// Python float meeting a JAX array).
+    pub fn scale(&self, x: f64) -> Result<Act> {
+        self.map(|v| v.mul(&rounded(v, x)?))
+    }
+
+    /// `self + x` for a constant `x`, rounded once to the activation's dtype.
+    pub fn add_scalar(&self, x: f64) -> Result<Act> {
+        self.map(|v| v.add(&rounded(v, x)?))
+    }
+
+    fn last_dim(&self) -> Result<usize> {
+        if self.logical_shape().is_empty() {
+            return Err(seam_err(
+                "Act",
+                self.v.ty().to_string(),
+                "needs a logical rank >= 1",
+            ));
+        }
+        Ok(self.v.rank() - 1)
+    }
+
+    fn keep_last(&self, v: Value) -> Result<Act> {
+        let mut shape = self.v.shape().to_vec();
+        if let Some(l) = shape.last_mut() {
+            *l = 1;
+        }
+        Ok(Act {
+            v: v.reshape(&shape)?,
+            members: self.members,
+        })
+    }
+
+    /// Sum over the last logical axis, keeping it with size 1.
+    pub fn sum_last(&self) -> Result<Act> {
+        let d = self.last_dim()?;
+        self.keep_last(self.v.reduce_sum(&[d])?)
+    }
+
+    /// Mean over the last logical axis, keeping it with size 1.
+    pub fn mean_last(&self) -> Result<Act> {
+        let d = self.last_dim()?;
+        self.keep_last(self.v.reduce_mean(&[d])?)
+    }
+
+    /// Max over the last logical axis, keeping it with size 1.
+    pub fn max_last(&self) -> Result<Act> {
+        let d = self.last_dim()?;
+        self.keep_last(self.v.reduce_max(&[d])?)
+    }
+
+    /// Mean over every logical axis: one scalar per member (logical shape `[]`).
+    ///
+    /// Reduced in two f32 stages, the last axis first and then the rest: more accurate
+    /// than one long accumulation, and it rounds as XLA rounds JAX's `jnp.mean` of the same
+    /// array (the quickstart's unperturbed loss is bit-exact this way, one ulp off with a
+    /// single reduce).
+    pub fn mean_all(&self) -> Result<Act> {
+        let staged = if self.logical_shape().len() >= 2 {
+            let d = self.v.rank() - 1;
+            self.v.reduce_mean(&[d])?
+        } else {
+            self.v.clone()
+        };
+        let dims: Vec<usize> = (self.offset()..staged.rank()).collect();
+        let v = if dims.is_empty() {
+            staged
+        } else {
+            staged.reduce_mean(&dims)?
+        };
+        Ok(Act {
+            v,
+            members: self.members,
+        })
+    }
+
+    /// Mean over the logical axes `dims` (dropping them).
+    pub fn mean_dims(&self, dims: &[usize]) -> Result<Act> {
+        let off = self.offset();
+        let d: Vec<usize> = dims.iter().map(|x| x + off).collect();
+        Ok(Act {
+            v: self.v.reduce_mean(&d)?,
+            members: self.members,
+        })
+    }
+
+    /// Softmax over the last logical axis (max-subtracted).
+    pub fn softmax_last(&self) -> Result<Act> {
+        let m = self.max_last()?;
+        let e = self.sub(&m)?.map(|v| v.exp())?;
+        e.div(&e.sum_last()?)
+    }
+
+    /// Batched matrix product over the last two logical axes: `[.., p, q] × [.., q, r]`
+    /// (`transpose_rhs`: `[.., r, q]`), batch axes equal.
+    pub fn bmm(&self, other: &Act, transpose_rhs: bool) -> Result<Act> {
+        let op = "Act::bmm";
+        let (la, lb) = (self.logical_shape(), other.logical_shape());
+        if la.len() < 2 || la.len() != lb.len() || la[..la.len() - 2] != lb[..lb.len() - 2] {
+            return Err(seam_err(
+                op,
+                format!("{} and {}", self.v.ty(), other.v.ty()),
+                "needs equal logical ranks >= 2 with equal batch axes",
+            ));
+        }
+        let c = match (self.members, other.members) {
+            (Some(a), Some(b)) if a != b => {
+                return Err(seam_err(
+                    op,
+                    format!("{} and {}", self.v.ty(), other.v.ty()),
+                    "different member counts",
+                ))
+            }
+            (a, b) => a.or(b),
+        };
+        let a = self.align(c, la)?;
+        let b = other.align(c, lb)?;
+        let rank = a.rank();
+        let batch: Vec<usize> = (0..rank - 2).collect();
+        let dims = DotDims {
+            lhs_batch: batch.clone(),
+            rhs_batch: batch,
+            lhs_contract: vec![rank - 1],
+            rhs_contract: vec![if transpose_rhs { rank - 1 } else { rank - 2 }],
+        };
+        Ok(Act {
+            v: a.dot_general(&b, &dims)?,
+            members: c,
+        })
+    }
+}
+
+fn dims(lb: &[usize], rb: &[usize], lc: &[usize], rc: &[usize]) -> DotDims {
+    DotDims {
+        lhs_batch: lb.to_vec(),
+        rhs_batch: rb.to_vec(),
+        lhs_contract: lc.to_vec(),
+        rhs_contract: rc.to_vec(),
+    }
+}
+
+/// Flattens the logical leading axes: `[C?, L.., k] -> [C?, T, k]`, returning the logical
+/// leading shape `L`.
+fn flatten_rows(x: &Act) -> Result<(Value, Vec<i64>)> {
+    let l = x.logical_shape();
+    let lead = l[..l.len() - 1].to_vec();
+    let t: i64 = lead.iter().product();
+    let k = l[l.len() - 1];
+    let shape: Vec<i64> = match x.members {
+        Some(c) => vec![c, t, k],
+        None => vec![t, k],
+    };
+    Ok((x.v.reshape(&shape)?, lead))
+}
+
+fn unflatten(v: Value, c: Option<i64>, lead: &[i64], m: i64) -> Result<Act> {
+    let mut shape: Vec<i64> = c.into_iter().collect();
+    shape.extend_from_slice(lead);
+    shape.push(m);
+    Ok(Act {
+        v: v.reshape(&shape)?,
+        members: c,
+    })
+}
+
+/// `dense(x, W) = x · Wᵀ` for `W` stored `(out, in)`; `x` has logical shape `[.., in]`.
+pub fn dense(x: &Act, w: &Weight) -> Result<Act> {
+    let op = "nn::dense";
+    let [m, k] = w.matrix_shape();
+    let l = x.logical_shape();
+    if l.last() != Some(&k) {
+        return Err(seam_err(
+            op,
+            format!("x {} and W (out={m}, in={k})", x.v.ty()),
+            format!("x's last axis must equal W's input size {k}; weights are stored (out, in)"),
+        ));
+    }
+    if let (Some(a), Some(b)) = (x.members, w.members()) {
+        if a != b {
+            return Err(seam_err(
+                op,
+                format!("x {} and W with {b} members", x.v.ty()),
+                "x and W hold different member counts",
+            ));
+        }
+    }
+    let (xf, lead) = flatten_rows(x)?;
+    match (w, x.members) {
+        (Weight::Plain(w), c) => {
+            let r = xf.rank();
+            let y = xf.dot_general(w, &dims(&[], &[], &[r - 1], &[1]))?;
+            unflatten(y, c, &lead, m)
+        }
+        (Weight::Members(w), None) => {
+            // [T, k] · [C, m, k] -> [T, C, m] -> [C, T, m]
+            let y = xf
+                .dot_general(w, &dims(&[], &[], &[1], &[2]))?
+                .transpose(&[1, 0, 2])?;
+            unflatten(y, w.shape().first().copied(), &lead, m)
+        }
+        (Weight::Members(w), Some(c)) => {
+            let y = xf.dot_general(w, &dims(&[0], &[0], &[2], &[2]))?;
+            unflatten(y, Some(c), &lead, m)
+        }
+        (Weight::LowRank { base, a, b, scale }, None) => {
+            let c = scale.shape()[0];
+            let t = xf.shape()[0];
+            // The base product is shared by the whole chunk: one GEMM.
+            let shared = xf.dot_general(base, &dims(&[], &[], &[1], &[1]))?;
+            // [T, k] · [C, r, k] -> [T, C, r]
+            let xb = xf.dot_general(b, &dims(&[], &[], &[1], &[2]))?;
+            // [T, C, r] · [C, r, m] (batch C) -> [C, T, m], then the scale, in the spec's
+            // order ((x B) Aᵀ) · sσ/√r so fitness rounds as the reference does.
+            let corr = xb.dot_general(a, &dims(&[1], &[0], &[2], &[1]))?;
+            let corr = corr.mul(&scale.broadcast_in_dim(&[c, t, m], &[0])?)?;
+            let y = shared.broadcast_in_dim(&[c, t, m], &[1, 2])?.add(&corr)?;
+            unflatten(y, Some(c), &lead, m)
+        }
+        (Weight::LowRank { base, a, b, scale }, Some(c)) => {
+            let t = xf.shape()[1];
+            let base_out = xf.dot_general(base, &dims(&[], &[], &[2], &[1]))?;
+            let xb = xf.dot_general(b, &dims(&[0], &[0], &[2], &[2]))?;
+            let corr = xb.dot_general(a, &dims(&[0], &[0], &[2], &[1]))?;
+            let corr = corr.mul(&scale.broadcast_in_dim(&[c, t, m], &[0])?)?;
+            unflatten(base_out.add(&corr)?, Some(c), &lead, m)
+        }
+    }
+}
+
+/// `embed(E, ids) = E[ids]` for a table `E` of shape `(vocab, d)`; `ids` are integers of
+/// any logical shape, shared by the members. Low rank: `E[ids] + (A[ids] Bᵀ) · scale`.
+pub fn embed(table: &Weight, ids: &Act) -> Result<Act> {
+    let op = "nn::embed";
+    if ids.members.is_some() || !ids.dtype().is_int() {
+        return Err(seam_err(
+            op,
+            ids.v.ty().to_string(),
+            "ids must be integers shared by the members",
+        ));
+    }
+    let [vocab, d] = table.matrix_shape();
+    let lead = ids.logical_shape().to_vec();
+    let t: i64 = lead.iter().product();
+    let flat = ids.v.reshape(&[t])?;
+    match table {
+        Weight::Plain(w) => unflatten(w.take_rows(&flat)?, None, &lead, d),
+        Weight::Members(w) => {
+            let c = w.shape()[0];
+            // Row c·vocab + id of the flattened [C·vocab, d] table.
+            let f = w.func();
+            let offs = f
+                .iota(crate::builder::TensorType::new(flat.dtype(), &[c, t]), 0)?
+                .mul(&f.scalar_of(flat.dtype(), vocab as f64)?)?;
+            let rows = offs.add(&flat.broadcast_in_dim(&[c, t], &[1])?)?;
+            let y = w.reshape(&[c * vocab, d])?.take_rows(&rows)?;
+            unflatten(y, Some(c), &lead, d)
+        }
+        Weight::LowRank { base, a, b, scale } => {
+            let c = scale.shape()[0];
+            let r = a.shape()[1];
+            let shared = base.take_rows(&flat)?;
+            // A[ids]: [C, r, V] -> [V, C, r] -> rows [T, C, r]
+            let arows = a.transpose(&[2, 0, 1])?.take_rows(&flat)?;
+            let arows = arows.mul(&scale.broadcast_in_dim(&[t, c, r], &[1])?)?;
+            let corr = arows.dot_general(b, &dims(&[1], &[0], &[2], &[1]))?;
+            let y = shared.broadcast_in_dim(&[c, t, d], &[1, 2])?.add(&corr)?;
+            unflatten(y, Some(c), &lead, d)
+        }
+    }
+}

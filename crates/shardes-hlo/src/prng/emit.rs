@@ -1,0 +1,196 @@
+//! The same threefry PRNG as [`super::host`], emitted as StableHLO ops over traced keys.
+//!
+//! A [`Keys`] value is a batch of keys of any shape (two u32 arrays, one per word), so one
+//! program derives every member's key from a traced array of member ids. The round
+//! constants and the key schedule come from [`super::host`]: there is one definition of
+//! the PRNG, evaluated in two places.
+
+use super::host::{
+    Key, NORMAL_UNIFORM_LO, THREEFRY_GROUPS, THREEFRY_INJECTIONS, THREEFRY_PARITY,
+    THREEFRY_ROTATIONS, UNIFORM_EXPONENT_BITS, UNIFORM_MANTISSA_SHIFT,
+};
+use crate::builder::{DType, Func, HloError, Result, TensorType, Value};
+
+/// A batch of threefry keys as program values: words `k0` and `k1`, u32 arrays of one shape.
+#[derive(Clone, Debug)]
+pub struct Keys {
+    k0: Value,
+    k1: Value,
+}
+
+fn prng_err(what: &str, reason: String) -> HloError {
+    HloError::InvalidAttribute {
+        op: format!("prng.{what}"),
+        types: String::new(),
+        reason,
+    }
+}
+
+impl Keys {
+    /// Keys from two u32 word arrays of the same shape.
+    pub fn new(k0: Value, k1: Value) -> Result<Keys> {
+        if k0.dtype() != DType::U32 || k1.dtype() != DType::U32 || k0.shape() != k1.shape() {
+            return Err(prng_err(
+                "keys",
+                format!(
+                    "key words must be two u32 arrays of one shape, got {} and {}",
+                    k0.ty(),
+                    k1.ty()
+                ),
+            ));
+        }
+        Ok(Keys { k0, k1 })
+    }
+
+    /// One key known when the program is built.
+    pub fn constant(f: &Func, key: Key) -> Result<Keys> {
+        let [a, b] = key.data();
+        Keys::new(f.scalar(a)?, f.scalar(b)?)
+    }
+
+    /// Keys stored as a u32 array whose last dimension (size 2) holds the two words.
+    pub fn from_data(data: &Value) -> Result<Keys> {
+        let shape = data.shape().to_vec();
+        if data.dtype() != DType::U32 || shape.last() != Some(&2) {
+            return Err(prng_err(
+                "from_data",
+                format!("key data must be u32[..., 2], got {}", data.ty()),
+            ));
+        }
+        let r = shape.len() - 1;
+        let batch = &shape[..r];
+        let word = |i: i64| -> Result<Value> { data.slice_in_dim(i, i + 1, r)?.reshape(batch) };
+        Keys::new(word(0)?, word(1)?)
+    }
+
+    /// The keys as a u32 array with a trailing dimension of 2 (the inverse of [`Keys::from_data`]).
+    pub fn data(&self) -> Result<Value> {
+        let mut shape = self.shape().to_vec();
+        shape.push(1);
+        let f = self.k0.func();
+        f.concatenate(
+            &[&self.k0.reshape(&shape)?, &self.k1.reshape(&shape)?],
+            shape.len() - 1,
+        )
+    }
+
+    /// The batch shape.
+    pub fn shape(&self) -> &[i64] {
+        self.k0.shape()
+    }
+
+    /// Word 0 and word 1.
+    pub fn words(&self) -> (&Value, &Value) {
+        (&self.k0, &self.k1)
+    }
+
+    /// Broadcasts the keys to `shape`, mapping key dimension `i` to `dims[i]`.
+    pub fn broadcast_in_dim(&self, shape: &[i64], dims: &[usize]) -> Result<Keys> {
+        Keys::new(
+            self.k0.broadcast_in_dim(shape, dims)?,
+            self.k1.broadcast_in_dim(shape, dims)?,
+        )
+    }
+
+    /// Reshapes the batch of keys.
+    pub fn reshape(&self, shape: &[i64]) -> Result<Keys> {
+        Keys::new(self.k0.reshape(shape)?, self.k1.reshape(shape)?)
+    }
+
+    /// `fold_in(key, d)` elementwise, with numpy broadcasting between the keys and `data`
+    /// (u32). A scalar key folded with `data: u32[n]` gives `n` keys.
+    pub fn fold_in(&self, data: &Value) -> Result<Keys> {
+        if data.dtype() != DType::U32 {
+            return Err(prng_err(
+                "fold_in",
+                format!("fold-in data must be u32, got {}", data.ty()),
+            ));
+        }
+        let zero = data.func().scalar(0u32)?;
+        let (y0, y1) = threefry2x32(&self.k0, &self.k1, &zero, data)?;
+        Keys::new(y0, y1)
+    }
+
+    /// `fold_in(key, d)` with `d` known when the program is built.
+    pub fn fold_in_const(&self, d: u32) -> Result<Keys> {
+        self.fold_in(&self.k0.func().scalar(d)?)
+    }
+
+    /// `bits(key, shape)` for every key: result shape `keys.shape() ++ shape`, element at
+    /// row-major flat index `c` within `shape` is `y0 ^ y1` of `threefry2x32(key, (0, c))`.
+    pub fn bits(&self, shape: &[i64]) -> Result<Value> {
+        let f = self.k0.func();
+        let size: i64 = shape.iter().product();
+        if size >= 1 << 32 || shape.iter().any(|&d| d < 0) {
+            return Err(prng_err(
+                "bits",
+                format!(
+                    "shape {shape:?} holds {size} elements; counters above 2^32 are not supported"
+                ),
+            ));
+        }
+        let kr = self.shape().len();
+        let mut full = self.shape().to_vec();
+        full.extend_from_slice(shape);
+        let key_dims: Vec<usize> = (0..kr).collect();
+        let ctr_dims: Vec<usize> = (kr..full.len()).collect();
+        let counter = f
+            .iota(TensorType::u32(&[size]), 0)?
+            .reshape(shape)?
+            .broadcast_in_dim(&full, &ctr_dims)?;
+        let keys = self.broadcast_in_dim(&full, &key_dims)?;
+        let zero = f.scalar(0u32)?;
+        let (y0, y1) = threefry2x32(&keys.k0, &keys.k1, &zero, &counter)?;
+        y0.xor(&y1)
+    }
+
+    /// `uniform(key, shape, lo, hi)` in f32 for every key (shape `keys.shape() ++ shape`).
+    pub fn uniform(&self, shape: &[i64], lo: f32, hi: f32) -> Result<Value> {
+        let bits = self.bits(shape)?;
+        let f = bits.func();
+        let unit = bits
+            .shift_right_logical(&f.scalar(UNIFORM_MANTISSA_SHIFT)?)?
+            .or(&f.scalar(UNIFORM_EXPONENT_BITS)?)?
+            .bitcast_convert(DType::F32)?
+            .sub(&f.scalar(1.0f32)?)?;
+        let lo_v = f.scalar(lo)?;
+        // XLA:CPU fuses this multiply-add into one FMA, which the host side mirrors.
+        unit.mul(&f.scalar(hi - lo)?)?.add(&lo_v)?.max(&lo_v)
+    }
+
+    /// `normal(key, shape)` in f32 for every key: `sqrt(2) · erf_inv(uniform(nextafter(-1, 0), 1))`.
+    pub fn normal(&self, shape: &[i64]) -> Result<Value> {
+        let u = self.uniform(shape, NORMAL_UNIFORM_LO, 1.0)?;
+        let f = u.func();
+        u.erf_inv()?.mul(&f.scalar(std::f32::consts::SQRT_2)?)
+    }
+}
+
+/// threefry2x32 (20 rounds) elementwise over u32 values with numpy broadcasting.
+pub fn threefry2x32(k0: &Value, k1: &Value, x0: &Value, x1: &Value) -> Result<(Value, Value)> {
+    let f = k0.func();
+    let u = |x: u32| f.scalar(x);
+    let k2 = k0.xor(k1)?.xor(&u(THREEFRY_PARITY)?)?;
+    let ks = [k0.clone(), k1.clone(), k2];
+    let mut x0 = x0.clone();
+    let mut x1 = x1.clone();
+    for (g, inj) in THREEFRY_INJECTIONS.iter().enumerate() {
+        x0 = x0.add(&ks[inj[0]])?;
+        x1 = x1.add(&ks[inj[1]])?;
+        if g > 0 {
+            // g is at most THREEFRY_GROUPS = 5.
+            x1 = x1.add(&u(g as u32)?)?;
+        }
+        if g == THREEFRY_GROUPS {
+            break;
+        }
+        for &r in &THREEFRY_ROTATIONS[g % 2] {
+            x0 = x0.add(&x1)?;
+            let rot = x1
+                .shift_left(&u(r)?)?
+                .or(&x1.shift_right_logical(&u(32 - r)?)?)?;
+            x1 = rot.xor(&x0)?;
+        }
+    }
+    Ok((x0, x1))
+}
