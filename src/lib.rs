@@ -11,6 +11,7 @@
 pub use shardes_hlo as hlo;
 pub use shardes_runtime as runtime;
 
+pub mod bench;
 pub mod io;
 pub mod trainer;
 

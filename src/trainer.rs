@@ -38,6 +38,8 @@ pub struct Trainer {
     /// `[device][batch argument]`.
     batch: Vec<Vec<Buffer>>,
     generation_host: u32,
+    /// Generations each dispatch runs.
+    per_dispatch: u32,
     times: BuildTimes,
 }
 
@@ -58,6 +60,32 @@ impl Trainer {
         batch: &[Array],
         generation: u32,
     ) -> Result<Trainer, Error> {
+        Self::with_generations_per_dispatch(client, es, model, params, key, batch, generation, 1)
+    }
+
+    /// Like [`Trainer::new`], but each dispatch runs `per_dispatch` generations inside one
+    /// executable ([`ShardedES::generation_program_multi`]): [`Trainer::step`] then advances
+    /// `per_dispatch` generations and returns the last one's fitness. The parameters are
+    /// those of as many single steps; only the host round trips between generations go.
+    #[allow(clippy::too_many_arguments)]
+    pub fn with_generations_per_dispatch(
+        client: &Client,
+        es: &ShardedES,
+        model: &dyn Model,
+        params: &ParamTree,
+        key: Key,
+        batch: &[Array],
+        generation: u32,
+        per_dispatch: usize,
+    ) -> Result<Trainer, Error> {
+        let per_dispatch_u32 = u32::try_from(per_dispatch)
+            .ok()
+            .filter(|&k| k > 0)
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "{per_dispatch} generations per dispatch; use between 1 and 2^32 − 1"
+                ))
+            })?;
         let devices = es.devices();
         if client.device_count() < devices {
             return Err(Error::Invalid(format!(
@@ -68,7 +96,7 @@ impl Trainer {
         }
         let t0 = Instant::now();
         let leaves = shardes_hlo::es::leaf_infos(params);
-        let program = es.generation_program(model, &leaves)?;
+        let program = es.generation_program_multi(model, &leaves, per_dispatch)?;
         let mlir = program.module.to_mlir();
         let emit_ms = t0.elapsed().as_secs_f64() * 1e3;
         let t1 = Instant::now();
@@ -120,6 +148,7 @@ impl Trainer {
             generation: gen_dev,
             batch: batch_dev,
             generation_host: generation,
+            per_dispatch: per_dispatch_u32,
             times: BuildTimes {
                 emit_ms,
                 compile_ms,
@@ -168,8 +197,30 @@ impl Trainer {
             self.generation[d] = gen;
             fitness_shards.push(fit);
         }
-        self.generation_host += 1;
+        self.generation_host += self.per_dispatch;
         Ok(gather_rows(&fitness_shards)?)
+    }
+
+    /// Runs `k` generations (a multiple of [`Trainer::generations_per_dispatch`]) and
+    /// returns the last one's fitness.
+    pub fn step_many(&mut self, k: usize) -> Result<Vec<f32>, Error> {
+        let per = self.per_dispatch as usize;
+        if k == 0 || !k.is_multiple_of(per) {
+            return Err(Error::Invalid(format!(
+                "step_many({k}): this trainer runs {per} generations per dispatch; ask for a \
+                 positive multiple of {per}"
+            )));
+        }
+        let mut fitness = Vec::new();
+        for _ in 0..k / per {
+            fitness = self.step()?;
+        }
+        Ok(fitness)
+    }
+
+    /// Generations each [`Trainer::step`] runs.
+    pub fn generations_per_dispatch(&self) -> usize {
+        self.per_dispatch as usize
     }
 
     /// The generation the next step will run.

@@ -897,6 +897,77 @@ impl ShardedES {
         Ok(Program { module, layout })
     }
 
+    /// `k` generations in one program: the same arguments and results as
+    /// [`ShardedES::generation_program`], with a `while` over generations inside, so one
+    /// dispatch advances the state by `k` (generation + k) and returns the fitness of the
+    /// last generation. Each iteration is exactly one generation's ask/apply/tell, so the
+    /// parameters match `k` single steps. `k = 1` is the single-generation program.
+    pub fn generation_program_multi(
+        &self,
+        model: &dyn Model,
+        leaves: &[LeafInfo],
+        k: usize,
+    ) -> Result<Program, EsError> {
+        if k == 1 {
+            return self.generation_program(model, leaves);
+        }
+        let steps = i32::try_from(k).ok().filter(|&s| s > 0).ok_or_else(|| {
+            invalid(
+                format!("{k} generations per dispatch"),
+                "use between 1 and 2^31 − 1 generations per dispatch".into(),
+            )
+        })?;
+        self.check_leaves(leaves)?;
+        self.member_chunk()?;
+        let layout = self.layout(model, leaves)?;
+        let mut module = Module::with_mesh("generation", Mesh::pop(self.devices as i64)?);
+        let f = module.func("main");
+        let (params, key, generation, batch) = self.state_args(&f, &layout)?;
+        let mut fshape = vec![self.n as i64];
+        if layout.tasks > 1 {
+            fshape.push(layout.tasks as i64);
+        }
+        let fit0 = f
+            .full(0.0f32, &fshape)?
+            .shard(&Sharding::split(fshape.len(), 0)?)?;
+        let nl = params.len();
+        let mut init: Vec<&Value> = params.iter().collect();
+        init.push(&generation);
+        init.push(&fit0);
+        let err: RefCell<Option<EsError>> = RefCell::new(None);
+        let out = f.fori_loop(0, steps, &init, |_, c| {
+            let run = || -> Result<Vec<Value>, EsError> {
+                let (base_key, next) = self.ask(&key, &c[nl])?;
+                let fitness = self.apply(model, &layout, &base_key, &c[..nl], &batch)?;
+                let weights = self.shape_fitness(&fitness)?;
+                let mut out = self.tell(&layout, &base_key, &c[..nl], &weights)?;
+                out.push(next);
+                out.push(fitness);
+                Ok(out)
+            };
+            run().map_err(|e| {
+                let msg = e.to_string();
+                *err.borrow_mut() = Some(e);
+                HloError::InvalidAttribute {
+                    op: "generations".into(),
+                    types: String::new(),
+                    reason: msg,
+                }
+            })
+        });
+        if let Some(e) = err.into_inner() {
+            return Err(e);
+        }
+        let out = out?;
+        for (p, l) in out[..nl].iter().zip(&layout.leaves) {
+            f.output_sharded(p, &Sharding::replicated(l.shape.len()))?;
+        }
+        f.output_sharded(&out[nl], &Sharding::replicated(0))?;
+        f.output_sharded(&out[nl + 1], &Sharding::split(fshape.len(), 0)?)?;
+        module.add(f.finish()?)?;
+        Ok(Program { module, layout })
+    }
+
     /// The split mode's first half: `(params…, key, generation, batch…) → fitness`, nothing
     /// donated. Pair it with [`ShardedES::tell_program`] to compute rewards outside XLA.
     pub fn ask_apply_program(

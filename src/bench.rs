@@ -1,0 +1,695 @@
+//! The benchmark engine behind `shardes bench`: generation time against the inference
+//! limit, FLOP rate against the measured GEMM peak, host overhead and peak memory.
+//!
+//! Everything is measured in one process and interleaved: each round times one
+//! generation of every variant (e.g. `how = A` and `how = B`) and one inference dispatch,
+//! so machine noise (other processes, frequency changes) hits all of them alike. Each
+//! timed dispatch ends with the fitness copied to the host, which also synchronises.
+//!
+//! FLOPs are counted analytically from the model ([`Flops::transformer_block`]): the
+//! optimized HLO the runtime exposes carries shapes but no operands or loop trip counts,
+//! so counting its dots would need both. The count is the work the algorithm must do as
+//! the program is written: base products shared by a member chunk once per chunk,
+//! per-member work once per member, the update contraction once (not the `how = A`
+//! duplicates).
+
+use std::time::Instant;
+
+use serde::Serialize;
+use shardes_hlo::builder::{DotDims, Mesh, Module, Sharding, TensorType};
+use shardes_hlo::es::{leaf_infos, How, Model, Noise, ShardedES};
+use shardes_hlo::params::{Array, ParamTree};
+use shardes_hlo::prng::emit::Keys;
+use shardes_hlo::prng::Key;
+use shardes_hlo::problems::transformer_block::TransformerBlock;
+use shardes_runtime::{gather_rows, Buffer, Client, CompileOptions, Executable};
+
+use crate::{Error, Trainer};
+
+/// What to measure and how long.
+#[derive(Clone, Debug)]
+pub struct BenchOptions {
+    /// Untimed dispatches of every program before timing.
+    pub warmup: usize,
+    /// Timed rounds (each: one generation per variant, one inference). At least 10 for
+    /// a median worth reporting; fewer is allowed for smoke tests.
+    pub rounds: usize,
+    /// Generations per dispatch of the generation program (1: one per dispatch).
+    pub generations_per_dispatch: usize,
+    /// Dispatches of the no-op program for the host overhead.
+    pub overhead_dispatches: usize,
+    /// Per-device `m = k = n` of the peak GEMM (0 skips the peak measurement).
+    pub gemm_size: usize,
+}
+
+impl Default for BenchOptions {
+    fn default() -> Self {
+        BenchOptions {
+            warmup: 2,
+            rounds: 10,
+            generations_per_dispatch: 1,
+            overhead_dispatches: 200,
+            gemm_size: 512,
+        }
+    }
+}
+
+/// FLOPs of one generation and one inference pass, counted analytically.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Flops {
+    /// Useful FLOPs of one generation (evaluation + update).
+    pub generation: f64,
+    /// FLOPs of one inference pass (every member through the base parameters).
+    pub inference: f64,
+}
+
+/// The noise rank a strategy emits for 2-D leaves: `Some(r)` for low-rank factors,
+/// `None` for dense (full-rank) noise.
+pub fn noise_rank(es: &ShardedES) -> Result<Option<usize>, Error> {
+    let f = shardes_hlo::builder::Func::new("probe");
+    let keys = Keys::constant(&f, Key::from_data([0, 0]))?;
+    let dirs = f.iota(TensorType::u32(&[1]), 0)?;
+    let leaf = shardes_hlo::es::LeafInfo {
+        index: 0,
+        path: "probe".into(),
+        shape: vec![4, 4],
+    };
+    Ok(match es.strategy().noise(&keys, &leaf, &dirs)? {
+        Noise::Factors { a, .. } => Some(a.shape()[1] as usize),
+        Noise::Dense(_) => None,
+    })
+}
+
+impl Flops {
+    /// The transformer block's FLOPs (multiply-add = 2) with `T = batch·seq` tokens per
+    /// member, `S = seq`, width `d`:
+    /// - inference, per member: six `d × d` products `12 T d²` + attention `4 T S d`;
+    /// - low rank `r`: `wq, wk, wv` read the shared input, so their base products run once
+    ///   per member chunk (`6 T d²` per chunk); per member `wo, w_up, w_down` (`6 T d²`),
+    ///   six rank-`r` corrections (`24 T d r`) and attention; the update `2 r d²` per leaf
+    ///   and direction;
+    /// - dense noise: per member the inference work; the update `2 d²` per leaf and
+    ///   direction.
+    pub fn transformer_block(
+        tb: &TransformerBlock,
+        es: &ShardedES,
+        rank: Option<usize>,
+    ) -> Result<Flops, Error> {
+        let (t, s, d) = ((tb.batch * tb.seq) as f64, tb.seq as f64, tb.d_model as f64);
+        let n = es.n() as f64;
+        let dirs = n / es.strategy().pairing() as f64;
+        let chunks = n / es.member_chunk()? as f64;
+        let attention = 4.0 * t * s * d;
+        let inference = n * (12.0 * t * d * d + attention);
+        let generation = match rank {
+            Some(r) => {
+                let r = r as f64;
+                chunks * 6.0 * t * d * d
+                    + n * (6.0 * t * d * d + 24.0 * t * d * r + attention)
+                    + 6.0 * dirs * 2.0 * r * d * d
+            }
+            None => inference + 6.0 * dirs * 2.0 * d * d,
+        };
+        Ok(Flops {
+            generation,
+            inference,
+        })
+    }
+}
+
+/// Median and spread of a series of timings, milliseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Stats {
+    /// Median.
+    pub median: f64,
+    /// Fastest.
+    pub min: f64,
+    /// Slowest.
+    pub max: f64,
+    /// Samples.
+    pub samples: usize,
+}
+
+impl Stats {
+    /// Summarises samples (empty: all zero).
+    pub fn of(samples: &[f64]) -> Stats {
+        if samples.is_empty() {
+            return Stats::default();
+        }
+        let mut v = samples.to_vec();
+        v.sort_by(f64::total_cmp);
+        let m = v.len();
+        let median = if m % 2 == 1 {
+            v[m / 2]
+        } else {
+            0.5 * (v[m / 2 - 1] + v[m / 2])
+        };
+        Stats {
+            median,
+            min: v[0],
+            max: v[m - 1],
+            samples: m,
+        }
+    }
+
+    /// `(max − min) / median`, the relative spread.
+    pub fn spread(&self) -> f64 {
+        if self.median > 0.0 {
+            (self.max - self.min) / self.median
+        } else {
+            0.0
+        }
+    }
+}
+
+/// One variant's measurements (one `how`).
+#[derive(Clone, Debug, Serialize)]
+pub struct VariantReport {
+    /// `A` or `B`.
+    pub how: String,
+    /// Building and printing the generation program, ms.
+    pub emit_ms: f64,
+    /// XLA compile of the generation program, ms.
+    pub compile_ms: f64,
+    /// Generations per dispatch.
+    pub generations_per_dispatch: usize,
+    /// Milliseconds per generation (a dispatch's time divided by its generations).
+    pub generation_ms: Stats,
+    /// `generation_ms.median / inference_ms.median`.
+    pub ratio_to_inference: f64,
+    /// Useful GFLOP/s of the generation (median time).
+    pub gflops: f64,
+    /// `gflops / gemm_peak_gflops`.
+    pub peak_fraction: f64,
+    /// The executable's per-device scratch memory (plugin statistics), bytes.
+    pub temp_bytes: i64,
+}
+
+/// Everything `shardes bench` reports for one configuration.
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchReport {
+    /// Population size.
+    pub n: usize,
+    /// Devices on the `"pop"` axis.
+    pub devices: usize,
+    /// Members per evaluation chunk on each device.
+    pub member_chunk: usize,
+    /// Strategy name.
+    pub strategy: String,
+    /// Timed rounds.
+    pub rounds: usize,
+    /// One entry per `how`.
+    pub variants: Vec<VariantReport>,
+    /// Emission of the inference program, ms.
+    pub inference_emit_ms: f64,
+    /// Compile of the inference program, ms.
+    pub inference_compile_ms: f64,
+    /// Milliseconds per inference pass.
+    pub inference_ms: Stats,
+    /// GFLOP/s of the inference pass.
+    pub inference_gflops: f64,
+    /// FLOP counts (analytic).
+    pub flops: Flops,
+    /// The best f32 GEMM rate measured through the same plugin on the same devices.
+    pub gemm_peak_gflops: f64,
+    /// Host overhead per dispatch (a no-op program with the generation's arguments), ms.
+    pub host_overhead_ms: Stats,
+    /// Peak resident memory of the process (`VmHWM`), bytes; 0 where unavailable.
+    pub peak_rss_bytes: u64,
+}
+
+/// The inputs of a benchmark: one model, its parameters and batch, one ES per variant.
+pub struct BenchInput<'a> {
+    /// The client (with at least `devices` devices).
+    pub client: &'a Client,
+    /// The ES settings, one per variant (they must agree on everything but `how`).
+    pub variants: Vec<&'a ShardedES>,
+    /// The model.
+    pub model: &'a dyn Model,
+    /// Initial parameters.
+    pub params: &'a ParamTree,
+    /// The ES key.
+    pub key: Key,
+    /// The batch arrays.
+    pub batch: &'a [Array],
+    /// FLOP counts, if known.
+    pub flops: Option<Flops>,
+}
+
+/// Peak resident set size of this process (`VmHWM` in `/proc/self/status`), bytes; 0
+/// where the file does not exist.
+pub fn peak_rss_bytes() -> u64 {
+    let Ok(s) = std::fs::read_to_string("/proc/self/status") else {
+        return 0;
+    };
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+fn ms_since(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+fn how_name(h: How) -> String {
+    match h {
+        How::A => "A".into(),
+        How::B => "B".into(),
+    }
+}
+
+/// A compiled program with replicated, non-donated inputs, dispatched repeatedly.
+struct Fixed {
+    exe: Executable,
+    /// `[device][arg]`.
+    args: Vec<Vec<Buffer>>,
+}
+
+impl Fixed {
+    /// One dispatch; copies output `out` of every device to the host (synchronises).
+    fn run(&self, out: usize) -> Result<(), Error> {
+        let args: Vec<Vec<&Buffer>> = self.args.iter().map(|a| a.iter().collect()).collect();
+        let mut outs = self.exe.execute(&args)?;
+        let shards: Vec<Buffer> = outs.iter_mut().map(|o| o.swap_remove(out)).collect();
+        gather_rows::<f32>(&shards)?;
+        Ok(())
+    }
+}
+
+fn replicate_all(
+    client: &Client,
+    arrays: &[(&[f32], Vec<usize>)],
+    devices: usize,
+) -> Result<Vec<Vec<Buffer>>, Error> {
+    let mut per_dev: Vec<Vec<Buffer>> = (0..devices).map(|_| Vec::new()).collect();
+    for (data, dims) in arrays {
+        for (d, b) in client
+            .replicate(data, dims)?
+            .into_iter()
+            .enumerate()
+            .take(devices)
+        {
+            per_dev[d].push(b);
+        }
+    }
+    Ok(per_dev)
+}
+
+/// The inference program (zero noise, same chunking and sharding) with its inputs.
+fn inference(input: &BenchInput, es: &ShardedES) -> Result<(Fixed, f64, f64), Error> {
+    let t0 = Instant::now();
+    let program = es.inference_program(input.model, &leaf_infos(input.params))?;
+    let mlir = program.module.to_mlir();
+    let emit = ms_since(t0);
+    let t1 = Instant::now();
+    let exe = input
+        .client
+        .compile(&mlir, &CompileOptions::new(es.devices()))?;
+    let compile = ms_since(t1);
+    let devices = es.devices();
+    let mut args: Vec<Vec<Buffer>> = (0..devices).map(|_| Vec::new()).collect();
+    let mut push = |bufs: Vec<Buffer>| {
+        for (d, b) in bufs.into_iter().enumerate().take(devices) {
+            args[d].push(b);
+        }
+    };
+    for (_, a) in input.params.leaves() {
+        push(input.client.replicate(a.data(), a.shape())?);
+    }
+    push(input.client.replicate(&input.key.data(), &[2])?);
+    push(input.client.replicate(&[0u32], &[])?);
+    for a in input.batch {
+        push(input.client.replicate(a.data(), a.shape())?);
+    }
+    Ok((Fixed { exe, args }, emit, compile))
+}
+
+/// The best f32 GEMM rate (GFLOP/s) over `reps` dispatches of a per-device
+/// `[m, m] · [m, m]` on every device of the mesh at once.
+pub fn gemm_peak_gflops(
+    client: &Client,
+    devices: usize,
+    m: usize,
+    reps: usize,
+) -> Result<f64, Error> {
+    let mi = m as i64;
+    let dn = devices as i64;
+    let mut module = Module::with_mesh("gemm_peak", Mesh::pop(dn)?);
+    let f = module.func("main");
+    let a = f.arg_sharded(
+        "a",
+        TensorType::f32(&[dn * mi, mi]),
+        &Sharding::split(2, 0)?,
+    )?;
+    let b = f.arg_sharded("b", TensorType::f32(&[mi, mi]), &Sharding::replicated(2))?;
+    let out = f.manual_computation(
+        &[&a, &b],
+        &[Sharding::split(2, 0)?, Sharding::replicated(2)],
+        &[Sharding::split(1, 0)?],
+        |loc| {
+            let dims = DotDims {
+                lhs_batch: vec![],
+                rhs_batch: vec![],
+                lhs_contract: vec![1],
+                rhs_contract: vec![0],
+            };
+            // Reduced on the device so only one float per device comes back.
+            let y = loc[0].dot_general(&loc[1], &dims)?.reduce_sum(&[0, 1])?;
+            Ok(vec![y.reshape(&[1])?])
+        },
+    )?;
+    f.output_sharded(&out[0], &Sharding::split(1, 0)?)?;
+    module.add(f.finish()?)?;
+    let exe = client.compile(&module.to_mlir(), &CompileOptions::new(devices))?;
+    let av: Vec<f32> = (0..devices * m * m)
+        .map(|i| ((i % 7) as f32) * 0.1)
+        .collect();
+    let bv: Vec<f32> = (0..m * m).map(|i| ((i % 5) as f32) * 0.1).collect();
+    let a_shards = client.scatter_rows(&av, &[devices * m, m])?;
+    let b_rep = client.replicate(&bv, &[m, m])?;
+    let mut args: Vec<Vec<Buffer>> = Vec::new();
+    for (x, y) in a_shards.into_iter().zip(b_rep) {
+        args.push(vec![x, y]);
+    }
+    let fixed = Fixed { exe, args };
+    fixed.run(0)?;
+    let flops = 2.0 * (m as f64).powi(3) * devices as f64;
+    let mut best = 0.0f64;
+    for _ in 0..reps.max(1) {
+        let t = Instant::now();
+        fixed.run(0)?;
+        best = best.max(flops / t.elapsed().as_secs_f64() / 1e9);
+    }
+    Ok(best)
+}
+
+/// Host overhead: a program with the generation's arguments, donation and results that
+/// does no work (parameters passed through, generation + 1, zero fitness), dispatched
+/// back to back; the time per dispatch is what the host and the runtime cost.
+fn host_overhead(input: &BenchInput, es: &ShardedES, dispatches: usize) -> Result<Stats, Error> {
+    let leaves = leaf_infos(input.params);
+    let devices = es.devices();
+    let mut module = Module::with_mesh("noop", Mesh::pop(devices as i64)?);
+    let f = module.func("main");
+    let mut params = Vec::new();
+    for (j, l) in leaves.iter().enumerate() {
+        params.push(f.arg_donated(
+            &l.path,
+            TensorType::f32(&l.shape),
+            &Sharding::replicated(l.shape.len()),
+            j,
+        )?);
+    }
+    f.arg_sharded("key", TensorType::u32(&[2]), &Sharding::replicated(1))?;
+    let generation = f.arg_donated(
+        "generation",
+        TensorType::scalar(shardes_hlo::builder::DType::U32),
+        &Sharding::replicated(0),
+        leaves.len(),
+    )?;
+    for (name, ty) in input.model.batch_types() {
+        f.arg_sharded(&name, ty.clone(), &Sharding::replicated(ty.rank()))?;
+    }
+    for (p, l) in params.iter().zip(&leaves) {
+        // An identity would be aliased away entirely; adding zero keeps one pass over
+        // the parameters, as a real generation's update has.
+        let z = p.add(&f.full(0.0f32, &l.shape)?)?;
+        f.output_sharded(&z, &Sharding::replicated(l.shape.len()))?;
+    }
+    f.output_sharded(&generation.add(&f.scalar(1u32)?)?, &Sharding::replicated(0))?;
+    let fit = f
+        .full(0.0f32, &[es.n() as i64])?
+        .shard(&Sharding::split(1, 0)?)?;
+    f.output_sharded(&fit, &Sharding::split(1, 0)?)?;
+    module.add(f.finish()?)?;
+    let exe = input
+        .client
+        .compile(&module.to_mlir(), &CompileOptions::new(devices))?;
+    let mut arrays: Vec<(&[f32], Vec<usize>)> = Vec::new();
+    let leaves_host = input.params.leaves();
+    for (_, a) in &leaves_host {
+        arrays.push((a.data(), a.shape().to_vec()));
+    }
+    let mut state = replicate_all(input.client, &arrays, devices)?;
+    let key = input.client.replicate(&input.key.data(), &[2])?;
+    let mut gens = input.client.replicate(&[0u32], &[])?;
+    let batch_arrays: Vec<(&[f32], Vec<usize>)> = input
+        .batch
+        .iter()
+        .map(|a| (a.data(), a.shape().to_vec()))
+        .collect();
+    let batch = replicate_all(input.client, &batch_arrays, devices)?;
+    let nl = leaves.len();
+    let mut samples = Vec::new();
+    // Timed in blocks so that one sample is not a single sub-millisecond call.
+    let block = 10usize;
+    for round in 0..(dispatches / block).max(1) + 1 {
+        let t = Instant::now();
+        for _ in 0..block {
+            let args: Vec<Vec<&Buffer>> = (0..devices)
+                .map(|d| {
+                    let mut a: Vec<&Buffer> = state[d].iter().collect();
+                    a.push(&key[d]);
+                    a.push(&gens[d]);
+                    a.extend(batch[d].iter());
+                    a
+                })
+                .collect();
+            let outs = exe.execute(&args)?;
+            for (d, mut out) in outs.into_iter().enumerate() {
+                out.pop();
+                let g = out
+                    .pop()
+                    .ok_or_else(|| Error::Invalid("no-op program returned no generation".into()))?;
+                out.truncate(nl);
+                state[d] = out;
+                gens[d] = g;
+            }
+        }
+        // One scalar read synchronises the block.
+        gens[0].to_host::<u32>()?;
+        if round > 0 {
+            samples.push(ms_since(t) / block as f64);
+        }
+    }
+    Ok(Stats::of(&samples))
+}
+
+/// Runs the benchmark. `progress(stage, done, total)` is called as it goes.
+pub fn run(
+    input: &BenchInput,
+    options: &BenchOptions,
+    progress: &mut dyn FnMut(&str, usize, usize),
+) -> Result<BenchReport, Error> {
+    let first = *input
+        .variants
+        .first()
+        .ok_or_else(|| Error::Invalid("no ES variant to benchmark; pass at least one".into()))?;
+    let devices = first.devices();
+    let k = options.generations_per_dispatch.max(1);
+    let mut trainers = Vec::new();
+    let mut variants = Vec::new();
+    for es in &input.variants {
+        progress(
+            &format!("compiling generation (how {})", how_name(es.how())),
+            0,
+            1,
+        );
+        let t = Trainer::with_generations_per_dispatch(
+            input.client,
+            es,
+            input.model,
+            input.params,
+            input.key,
+            input.batch,
+            0,
+            k,
+        )?;
+        let times = t.build_times();
+        let temp = t
+            .executable()
+            .compiled_memory_stats()
+            .map(|m| m.temp_size_in_bytes)
+            .unwrap_or(0);
+        variants.push(VariantReport {
+            how: how_name(es.how()),
+            emit_ms: times.emit_ms,
+            compile_ms: times.compile_ms,
+            generations_per_dispatch: k,
+            generation_ms: Stats::default(),
+            ratio_to_inference: 0.0,
+            gflops: 0.0,
+            peak_fraction: 0.0,
+            temp_bytes: temp,
+        });
+        trainers.push(t);
+    }
+    progress("compiling inference", 0, 1);
+    let (inf, inference_emit_ms, inference_compile_ms) = inference(input, first)?;
+    progress("warm-up", 0, options.warmup);
+    for w in 0..options.warmup {
+        for t in &mut trainers {
+            t.step()?;
+        }
+        inf.run(0)?;
+        progress("warm-up", w + 1, options.warmup);
+    }
+    let mut gen_samples: Vec<Vec<f64>> = vec![Vec::new(); trainers.len()];
+    let mut inf_samples = Vec::new();
+    for r in 0..options.rounds {
+        for (t, s) in trainers.iter_mut().zip(&mut gen_samples) {
+            let t0 = Instant::now();
+            t.step()?;
+            s.push(ms_since(t0) / k as f64);
+        }
+        let t0 = Instant::now();
+        inf.run(0)?;
+        inf_samples.push(ms_since(t0));
+        progress("timing", r + 1, options.rounds);
+    }
+    drop(trainers);
+    progress("GEMM peak", 0, 1);
+    let gemm_peak = if options.gemm_size > 0 {
+        gemm_peak_gflops(input.client, devices, options.gemm_size, 5)?
+    } else {
+        0.0
+    };
+    progress("host overhead", 0, 1);
+    let overhead = host_overhead(input, first, options.overhead_dispatches)?;
+    let inference_ms = Stats::of(&inf_samples);
+    let flops = input.flops.unwrap_or_default();
+    let rate = |f: f64, ms: f64| if ms > 0.0 { f / ms / 1e6 } else { 0.0 };
+    for (v, s) in variants.iter_mut().zip(&gen_samples) {
+        v.generation_ms = Stats::of(s);
+        v.ratio_to_inference = if inference_ms.median > 0.0 {
+            v.generation_ms.median / inference_ms.median
+        } else {
+            0.0
+        };
+        v.gflops = rate(flops.generation, v.generation_ms.median);
+        v.peak_fraction = if gemm_peak > 0.0 {
+            v.gflops / gemm_peak
+        } else {
+            0.0
+        };
+    }
+    Ok(BenchReport {
+        n: first.n(),
+        devices,
+        member_chunk: first.member_chunk()?,
+        strategy: first.strategy().name(),
+        rounds: options.rounds,
+        variants,
+        inference_emit_ms,
+        inference_compile_ms,
+        inference_gflops: rate(flops.inference, inference_ms.median),
+        inference_ms,
+        flops,
+        gemm_peak_gflops: gemm_peak,
+        host_overhead_ms: overhead,
+        peak_rss_bytes: peak_rss_bytes(),
+    })
+}
+
+impl BenchReport {
+    /// The human table.
+    pub fn table(&self) -> String {
+        let mut s = String::new();
+        s.push_str(&format!(
+            "{} n={} devices={} member_chunk={} rounds={}\n",
+            self.strategy, self.n, self.devices, self.member_chunk, self.rounds
+        ));
+        s.push_str(&format!(
+            "{:<26}{:>14}{:>14}\n",
+            "", "generation", "inference"
+        ));
+        for v in &self.variants {
+            s.push_str(&format!(
+                "how {} (×{}/dispatch)\n",
+                v.how, v.generations_per_dispatch
+            ));
+            s.push_str(&format!(
+                "  {:<24}{:>14.1}{:>14.1}\n",
+                "emission ms", v.emit_ms, self.inference_emit_ms
+            ));
+            s.push_str(&format!(
+                "  {:<24}{:>14.0}{:>14.0}\n",
+                "compile ms", v.compile_ms, self.inference_compile_ms
+            ));
+            s.push_str(&format!(
+                "  {:<24}{:>14.2}{:>14.2}\n",
+                "ms (median)", v.generation_ms.median, self.inference_ms.median
+            ));
+            s.push_str(&format!(
+                "  {:<24}{:>14}{:>14}\n",
+                "ms (min..max)",
+                format!("{:.2}..{:.2}", v.generation_ms.min, v.generation_ms.max),
+                format!("{:.2}..{:.2}", self.inference_ms.min, self.inference_ms.max)
+            ));
+            s.push_str(&format!(
+                "  {:<24}{:>14.3}\n",
+                "generation / inference", v.ratio_to_inference
+            ));
+            s.push_str(&format!(
+                "  {:<24}{:>14.1}{:>14.1}\n",
+                "GFLOP/s", v.gflops, self.inference_gflops
+            ));
+            s.push_str(&format!(
+                "  {:<24}{:>13.1}%\n",
+                "of GEMM peak",
+                100.0 * v.peak_fraction
+            ));
+            s.push_str(&format!(
+                "  {:<24}{:>14.1}\n",
+                "temp MiB/device",
+                v.temp_bytes as f64 / 1048576.0
+            ));
+        }
+        s.push_str(&format!(
+            "GEMM peak {:.1} GFLOP/s; host overhead {:.3} ms/dispatch ({:.3}..{:.3}); \
+             peak RSS {:.0} MiB\n",
+            self.gemm_peak_gflops,
+            self.host_overhead_ms.median,
+            self.host_overhead_ms.min,
+            self.host_overhead_ms.max,
+            self.peak_rss_bytes as f64 / 1048576.0
+        ));
+        s
+    }
+}
+
+/// Operation counts by kind in a program's MLIR text (`stablehlo.dot_general`,
+/// `sdy.manual_computation`, ...), counting every op in every region. Compile cost
+/// follows this count, so it is what must stay flat when only sizes change.
+pub fn op_counts(mlir: &str) -> std::collections::BTreeMap<String, usize> {
+    let mut counts = std::collections::BTreeMap::new();
+    for line in mlir.lines() {
+        let body = match line.find(" = ") {
+            Some(i) => &line[i + 3..],
+            None => line.trim_start(),
+        };
+        let body = body.trim_start().trim_start_matches('"');
+        let name: String = body
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '.')
+            .collect();
+        if let Some((dialect, _)) = name.split_once('.') {
+            if matches!(dialect, "stablehlo" | "sdy" | "func" | "chlo" | "mhlo") {
+                *counts.entry(name).or_insert(0) += 1;
+            }
+        }
+    }
+    counts
+}
+
+/// Instructions of the optimized (partitioned) HLO by opcode.
+pub fn hlo_opcode_counts(
+    module: &shardes_runtime::HloModule,
+) -> std::collections::BTreeMap<String, usize> {
+    let mut counts = std::collections::BTreeMap::new();
+    for i in module.instructions() {
+        *counts.entry(i.opcode.clone()).or_insert(0) += 1;
+    }
+    counts
+}
