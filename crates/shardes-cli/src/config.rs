@@ -220,8 +220,19 @@ impl Config {
         }
         let config: Config = toml::from_str(text).map_err(|e| {
             let msg = e.message().to_string();
+            // serde names the expected type but not the key; the span points at the value,
+            // so quote the line it is on.
+            let place = e
+                .span()
+                .and_then(|span| {
+                    let start = text.get(..span.start)?;
+                    let line_no = start.matches('\n').count() + 1;
+                    let line = text.lines().nth(line_no - 1)?.trim();
+                    Some(format!(" at line {line_no} (`{line}`)"))
+                })
+                .unwrap_or_default();
             cfg_err(
-                format!("wrong value in the config: {msg}"),
+                format!("wrong value in the config{place}: {msg}"),
                 "see examples/quickstart.toml for the type of each key",
             )
         })?;
@@ -386,7 +397,7 @@ checkpoint_every = 10
     fn wrong_type_is_reported() {
         let e = err(&QUICK.replace("n = 256", "n = \"many\""));
         assert!(e.contains("wrong value"), "{e}");
-        assert!(e.contains("n"), "{e}");
+        assert!(e.contains("(`n = \"many\"`)"), "{e}");
     }
 
     #[test]

@@ -1,0 +1,131 @@
+//! `shardes hlo`, `shardes devices` and `shardes check`: look at a run without running it.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use shardes::hlo::es::{check_model, leaf_infos};
+use shardes::runtime::CompileOptions;
+
+use crate::config::Config;
+use crate::setup;
+
+/// Arguments of `shardes hlo`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct HloArgs {
+    /// The run configuration (TOML).
+    pub config: PathBuf,
+    /// Print XLA's optimized, partitioned program instead: every instruction with its opcode
+    /// and per-device shape.
+    #[arg(long)]
+    pub optimized: bool,
+    /// PJRT plugin library for `--optimized` (overrides the config's `plugin`).
+    #[arg(long)]
+    pub plugin: Option<PathBuf>,
+}
+
+/// Arguments of `shardes devices`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DevicesArgs {
+    /// PJRT plugin library (default: the provisioned CPU plugin).
+    #[arg(long)]
+    pub plugin: Option<PathBuf>,
+    /// CPU devices to simulate (ignored by plugins with real devices).
+    #[arg(long, default_value_t = 8)]
+    pub devices: usize,
+}
+
+/// Arguments of `shardes check`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CheckArgs {
+    /// The run configuration (TOML).
+    pub config: PathBuf,
+}
+
+/// The generation program of `config` as StableHLO text.
+pub fn generation_mlir(config: &Config) -> Result<String> {
+    let p = setup::problem(config)?;
+    let program =
+        p.es.generation_program(&*p.model, &leaf_infos(&p.params))
+            .context("building the generation program")?;
+    Ok(program.module.to_mlir())
+}
+
+/// Runs `shardes hlo`.
+pub fn hlo(args: &HloArgs) -> Result<()> {
+    let mut config = Config::load(&args.config)?;
+    if let Some(p) = &args.plugin {
+        config.plugin = Some(p.to_string_lossy().into_owned());
+    }
+    let mlir = generation_mlir(&config)?;
+    if !args.optimized {
+        print!("{mlir}");
+        return Ok(());
+    }
+    let client = setup::client(&config)?;
+    let exe = client
+        .compile(&mlir, &CompileOptions::new(config.devices))
+        .context("compiling the generation program")?;
+    let module = exe
+        .optimized_hlo()
+        .context("reading XLA's optimized program")?;
+    println!(
+        "// {}: optimized for {} partitions; shapes are per device",
+        module.name, config.devices
+    );
+    for comp in &module.computations {
+        let entry = if comp.name == module.entry {
+            " (entry)"
+        } else {
+            ""
+        };
+        println!("computation {}{entry} {{", comp.name);
+        for inst in &comp.instructions {
+            println!("  {} = {inst}", inst.name);
+        }
+        println!("}}");
+    }
+    Ok(())
+}
+
+/// Runs `shardes devices`.
+pub fn devices(args: &DevicesArgs) -> Result<()> {
+    let client = setup::client_for(args.plugin.as_deref(), args.devices)?;
+    let plugin = client.plugin();
+    let (major, minor) = plugin.api_version();
+    println!("plugin     {}", plugin.path().display());
+    println!("platform   {}", client.platform_name());
+    println!("pjrt api   {major}.{minor}");
+    let or_unknown = |v: Option<String>| v.unwrap_or_else(|| "(not reported)".into());
+    println!("xla        {}", or_unknown(plugin.xla_version()));
+    println!(
+        "stablehlo  {} (minimum {})",
+        or_unknown(plugin.stablehlo_current_version()),
+        or_unknown(plugin.stablehlo_minimum_version())
+    );
+    println!("devices    {}", client.device_count());
+    for d in client.devices() {
+        println!("  {:>3}  {:<6} {}", d.id, d.kind, d.description);
+    }
+    Ok(())
+}
+
+/// Runs `shardes check`; returns the number of findings.
+pub fn check(args: &CheckArgs) -> Result<usize> {
+    let config = Config::load(&args.config)?;
+    let p = setup::problem(&config)?;
+    let leaves = leaf_infos(&p.params);
+    let findings = check_model(&*p.model, &leaves).context("tracing the model")?;
+    if findings.is_empty() {
+        println!(
+            "ok: {} reads all {} leaves, every 2-D leaf through a seam",
+            config.problem.name,
+            leaves.len()
+        );
+    } else {
+        for f in &findings {
+            println!("{}: {}", f.path, f.message);
+        }
+        println!("{} finding(s)", findings.len());
+    }
+    Ok(findings.len())
+}

@@ -1,0 +1,180 @@
+//! From a [`Config`] to everything a run needs: the ES, the model, the initial parameters,
+//! the key, the batch and a PJRT client.
+//!
+//! Shared by `shardes run`, `hlo`, `check` and `bench`, so every subcommand sees exactly the
+//! same program for the same config. The derivation follows the issue's spec:
+//! `key = key(seed)`, `params = init(key)`, `batch = make_batch(fold_in(key, 1))`, and the
+//! trainer takes `key` (the ES state is the key; the generation is folded in on the device).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::Context;
+use shardes::hlo::es::strategy::from_spec;
+use shardes::hlo::es::{shaping, How, Model, ShardedES};
+use shardes::hlo::params::{Array, ParamTree};
+use shardes::hlo::prng::{fold_in, key, Key};
+use shardes::hlo::problems::transformer_block::TransformerBlock;
+use shardes::runtime::{Client, ClientOptions, Plugin};
+
+use crate::config::{Config, ConfigError, PROBLEMS, SHAPINGS};
+
+/// The device-independent part of a run: what the generation program is built from.
+pub struct Problem {
+    /// The ES settings (strategy, n, sigma, lr, shaping, placement, chunk, devices).
+    pub es: ShardedES,
+    /// The model whose loss is the fitness.
+    pub model: Box<dyn Model>,
+    /// Initial parameters, `init(key)`.
+    pub params: ParamTree,
+    /// The run's key, `key(seed)`.
+    pub key: Key,
+    /// The batch arrays in [`Model::batch_types`] order.
+    pub batch: Vec<Array>,
+}
+
+/// Everything a run needs: the [`Problem`] and a client to run it on.
+pub struct Setup {
+    /// The config this was built from (with any command-line plugin override applied).
+    pub config: Config,
+    /// The ES settings.
+    pub es: ShardedES,
+    /// The model whose loss is the fitness.
+    pub model: Box<dyn Model>,
+    /// Initial parameters, `init(key)`.
+    pub params: ParamTree,
+    /// The run's key, `key(seed)`.
+    pub key: Key,
+    /// The batch arrays in [`Model::batch_types`] order.
+    pub batch: Vec<Array>,
+    /// The PJRT client (plugin from the config, or the provisioned CPU plugin).
+    pub client: Client,
+}
+
+fn user(message: impl Into<String>, hint: impl Into<String>) -> ConfigError {
+    ConfigError {
+        message: message.into(),
+        hint: hint.into(),
+    }
+}
+
+/// Builds the ES, model, parameters, key and batch of `config` (no client, no I/O besides
+/// host computation).
+pub fn problem(config: &Config) -> anyhow::Result<Problem> {
+    let spec = config.strategy()?;
+    let shaping = shaping::by_name(&config.es.shaping).ok_or_else(|| {
+        user(
+            format!("es.shaping: unknown shaping \"{}\"", config.es.shaping),
+            format!("valid shapings: {}", SHAPINGS.join(", ")),
+        )
+    })?;
+    let how = match config.es.how.as_str() {
+        "A" | "a" => How::A,
+        "B" | "b" => How::B,
+        other => {
+            return Err(user(
+                format!("es.how: unknown placement \"{other}\""),
+                "use \"B\" or \"A\"",
+            )
+            .into())
+        }
+    };
+    // The config validated n, sigma and lr already; an error here would be a mismatch between
+    // the two validations, which is still the user's value to change.
+    let es = ShardedES::new(
+        from_spec(&spec),
+        config.es.n,
+        config.es.sigma,
+        config.es.lr,
+        config.devices,
+    )
+    .map_err(|e| user(format!("es: {e}"), "change the [es] value it names"))?
+    .with_shaping(shaping)
+    .with_how(how)
+    .with_member_chunk(config.es.member_chunk);
+    let k = key(config.run.seed).map_err(|e| {
+        user(
+            format!("run.seed = {}: {e}", config.run.seed),
+            "use a seed below 2^32",
+        )
+    })?;
+    let (model, params, batch): (Box<dyn Model>, ParamTree, Vec<Array>) =
+        match config.problem.name.as_str() {
+            "transformer_block" => {
+                let tb = TransformerBlock {
+                    d_model: config.problem.d_model,
+                    batch: config.problem.batch,
+                    seq: config.problem.seq,
+                };
+                let params = tb
+                    .init(k)
+                    .context("initialising transformer_block parameters")?;
+                let b = tb
+                    .make_batch(fold_in(k, 1))
+                    .context("drawing the transformer_block batch")?;
+                (Box::new(tb), params, vec![b.x, b.target])
+            }
+            other => {
+                return Err(user(
+                    format!("problem.name: unknown problem \"{other}\""),
+                    format!("known problems: {}", PROBLEMS.join(", ")),
+                )
+                .into())
+            }
+        };
+    Ok(Problem {
+        es,
+        model,
+        params,
+        key: k,
+        batch,
+    })
+}
+
+/// A client for `config`: `Plugin::load(plugin)` with `devices` simulated CPU devices when the
+/// config names a plugin, else `Client::cpu(devices)` (discovery and provisioning as in
+/// `shardes::runtime::plugin::locate`).
+pub fn client(config: &Config) -> anyhow::Result<Client> {
+    client_for(config.plugin.as_deref().map(Path::new), config.devices)
+}
+
+/// A client on `plugin` (or the default CPU plugin) asking for `devices` CPU devices.
+pub fn client_for(plugin: Option<&Path>, devices: usize) -> anyhow::Result<Client> {
+    match plugin {
+        Some(path) => {
+            if !path.is_file() {
+                return Err(user(
+                    format!("plugin `{}` does not exist", path.display()),
+                    "check the path (relative paths start at the current directory), or drop \
+                     `plugin`/--plugin to use the provisioned CPU plugin",
+                )
+                .into());
+            }
+            let plugin: Arc<Plugin> = Plugin::load(path)
+                .with_context(|| format!("loading the PJRT plugin {}", path.display()))?;
+            Client::new(
+                plugin,
+                ClientOptions {
+                    cpu_device_count: Some(devices),
+                },
+            )
+            .with_context(|| format!("creating a PJRT client on {}", path.display()))
+        }
+        None => Client::cpu(devices).context("creating a CPU client on the default PJRT plugin"),
+    }
+}
+
+/// Turns a config into everything a run needs: [`problem`] plus [`client`].
+pub fn build(config: &Config) -> anyhow::Result<Setup> {
+    let p = problem(config)?;
+    let client = client(config)?;
+    Ok(Setup {
+        config: config.clone(),
+        es: p.es,
+        model: p.model,
+        params: p.params,
+        key: p.key,
+        batch: p.batch,
+        client,
+    })
+}

@@ -1,0 +1,175 @@
+//! Every error a user can act on exits 2 with one line naming the problem and a hint.
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+
+/// Runs `shardes <args>` and checks: exit code 2, an `error:` line containing `what`, and a
+/// `hint:` line containing `hint`.
+fn refused(args: &[&str], what: &str, hint: &str) {
+    let o = shardes(args);
+    let (stdout, stderr) = text(&o);
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "{args:?}: stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    let lines: Vec<&str> = stderr.lines().collect();
+    let err = lines
+        .iter()
+        .find(|l| l.starts_with("error: "))
+        .unwrap_or_else(|| panic!("no error line in {stderr}"));
+    assert!(err.contains(what), "{err:?} does not say {what:?}");
+    let h = lines
+        .iter()
+        .find(|l| l.trim_start().starts_with("hint: "))
+        .unwrap_or_else(|| panic!("no hint line in {stderr}"));
+    assert!(h.contains(hint), "{h:?} does not say {hint:?}");
+}
+
+fn with(dir: &Path, from: &str, to: &str) -> String {
+    let base = small_config(&dir.join("out"), 2, 1);
+    assert!(base.contains(from), "{from:?} not in the base config");
+    let text = base.replace(from, to);
+    write(dir, "c.toml", &text).to_string_lossy().into_owned()
+}
+
+#[test]
+fn unknown_key_names_the_nearest_valid_key() {
+    let d = tempfile::tempdir().unwrap();
+    let c = with(d.path(), "sigma = 0.01", "sigmaa = 0.01");
+    refused(
+        &["run", &c],
+        "unknown key `es.sigmaa`",
+        "did you mean `sigma`?",
+    );
+    let c = with(d.path(), "devices = 2", "device = 2");
+    refused(
+        &["run", &c],
+        "unknown key `device`",
+        "did you mean `devices`?",
+    );
+}
+
+#[test]
+fn wrong_type_quotes_the_line() {
+    let d = tempfile::tempdir().unwrap();
+    let c = with(d.path(), "n = 32", "n = \"many\"");
+    refused(&["run", &c], "(`n = \"many\"`)", "type of each key");
+    let c = with(d.path(), "seed = 3", "seed = 1.5");
+    refused(&["check", &c], "seed = 1.5", "type of each key");
+}
+
+#[test]
+fn population_not_divisible_by_devices_times_pairing() {
+    let d = tempfile::tempdir().unwrap();
+    // 2 devices × pairing 2: n must be a multiple of 4.
+    let c = with(d.path(), "n = 32", "n = 30");
+    refused(
+        &["run", &c],
+        "es.n = 30 is not divisible by devices (2) × pairing (2",
+        "multiple of 4, e.g. 28 or 32",
+    );
+    // Without mirroring the pairing is 1: n must be a multiple of the device count.
+    let c = with(d.path(), "n = 32", "n = 31");
+    let c2 = std::fs::read_to_string(&c)
+        .unwrap()
+        .replace("mirrored(lowrank(r=1))", "lowrank(r=1)");
+    std::fs::write(&c, c2).unwrap();
+    refused(&["check", &c], "es.n = 31", "multiple of 2");
+}
+
+#[test]
+fn unknown_strategy_and_shaping() {
+    let d = tempfile::tempdir().unwrap();
+    let c = with(d.path(), "mirrored(lowrank(r=1))", "mirrored(lowrnk(r=1))");
+    refused(&["run", &c], "es.strategy", "valid strategies");
+    let c = with(d.path(), "\"centered_ranks\"", "\"centred_ranks\"");
+    refused(
+        &["run", &c],
+        "unknown shaping \"centred_ranks\"",
+        "did you mean \"centered_ranks\"?",
+    );
+    let c = with(d.path(), "\"transformer_block\"", "\"transformer\"");
+    refused(&["check", &c], "unknown problem", "transformer_block");
+}
+
+#[test]
+fn missing_plugin_path() {
+    let d = tempfile::tempdir().unwrap();
+    let missing = d.path().join("no_such_plugin.so");
+    let m = missing.to_str().unwrap();
+    let c = with(
+        d.path(),
+        "devices = 2",
+        &format!("plugin = \"{m}\"\ndevices = 2"),
+    );
+    refused(&["run", &c], "does not exist", "check the path");
+    let c = with(d.path(), "devices = 2", "devices = 2");
+    refused(
+        &["run", &c, "--plugin", m],
+        "does not exist",
+        "check the path",
+    );
+    refused(
+        &["devices", "--plugin", m],
+        "does not exist",
+        "check the path",
+    );
+    refused(
+        &["hlo", &c, "--optimized", "--plugin", m],
+        "does not exist",
+        "check the path",
+    );
+}
+
+#[test]
+fn out_dir_of_another_config_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(
+        out.join("state.json"),
+        r#"{"key":[0,0],"generation":2,"config_hash":"0123456789abcdef","params_sha256":""}"#,
+    )
+    .unwrap();
+    let c = with(d.path(), "lr = 0.01", "lr = 0.01");
+    refused(
+        &["run", &c],
+        "holds a run of another config (hash 0123456789abcdef",
+        "--force",
+    );
+    refused(
+        &["run", &c, "--resume"],
+        "holds a run of another config",
+        "resume with the config that started it",
+    );
+    // Only state.json before the first checkpoint? The resolved config.toml identifies it.
+    std::fs::remove_file(out.join("state.json")).unwrap();
+    let other = small_config(&out, 2, 1).replace("sigma = 0.01", "sigma = 0.02");
+    std::fs::write(out.join("config.toml"), other).unwrap();
+    refused(&["run", &c], "holds a run of another config", "--force");
+    refused(
+        &["run", &c, "--resume"],
+        "holds no checkpoint",
+        "without --resume",
+    );
+}
+
+#[test]
+fn missing_config_file_and_bad_usage() {
+    refused(
+        &["run", "/nonexistent/shardes.toml"],
+        "cannot read config /nonexistent/shardes.toml",
+        "examples/quickstart.toml",
+    );
+    // clap's own usage errors also exit 2.
+    let o = shardes(&["run"]);
+    assert_eq!(o.status.code(), Some(2));
+    let o = shardes(&["frobnicate"]);
+    assert_eq!(o.status.code(), Some(2));
+    let o = shardes(&["--help"]);
+    assert_eq!(o.status.code(), Some(0));
+}

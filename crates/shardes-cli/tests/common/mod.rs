@@ -1,0 +1,91 @@
+//! Shared helpers of the `shardes` binary's end-to-end tests.
+
+#![allow(dead_code)] // each test file uses a subset
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The built `shardes` binary.
+pub fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_shardes"))
+}
+
+/// The repository root.
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// A small config (2 devices, n = 32, d_model 16) writing to `out`: a few generations compile
+/// and run in seconds.
+pub fn small_config(out: &Path, generations: usize, checkpoint_every: usize) -> String {
+    format!(
+        r#"devices = 2
+[problem]
+name = "transformer_block"
+d_model = 16
+batch = 2
+seq = 4
+[es]
+strategy = "mirrored(lowrank(r=1))"
+n = 32
+sigma = 0.01
+lr = 0.01
+shaping = "centered_ranks"
+how = "B"
+[run]
+seed = 3
+generations = {generations}
+out = "{}"
+checkpoint_every = {checkpoint_every}
+"#,
+        out.display()
+    )
+}
+
+/// Writes `text` to `dir/name` and returns the path.
+pub fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).expect("writing a test config");
+    p
+}
+
+/// Runs the binary with `args`.
+pub fn shardes(args: &[&str]) -> Output {
+    bin().args(args).output().expect("spawning shardes")
+}
+
+/// Stdout and stderr, with XLA's `I0000`/absl log lines removed.
+pub fn text(o: &Output) -> (String, String) {
+    let clean = |b: &[u8]| {
+        String::from_utf8_lossy(b)
+            .lines()
+            .filter(|l| !l.starts_with("I0000") && !l.starts_with("WARNING: All log messages"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    (clean(&o.stdout), clean(&o.stderr))
+}
+
+/// One line of metrics.jsonl.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+pub struct Metric {
+    pub generation: u32,
+    pub fitness_mean: f64,
+    pub fitness_min: f64,
+    pub fitness_max: f64,
+    pub ms: f64,
+}
+
+/// Parses metrics.jsonl strictly: every line one object with every field.
+pub fn metrics(out: &Path) -> Vec<Metric> {
+    let text = std::fs::read_to_string(out.join("metrics.jsonl")).expect("reading metrics.jsonl");
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad metrics line {l:?}: {e}")))
+        .collect()
+}
+
+/// `state.json` as JSON.
+pub fn state(out: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(out.join("state.json")).expect("reading state.json");
+    serde_json::from_str(&text).expect("state.json is JSON")
+}
