@@ -12,7 +12,9 @@ pub use shardes_hlo as hlo;
 pub use shardes_runtime as runtime;
 
 pub mod bench;
+pub mod hf;
 pub mod io;
+pub mod tokenizer;
 pub mod trainer;
 
 pub use trainer::{BuildTimes, Trainer};

@@ -108,6 +108,20 @@ impl ModelParams {
         }
     }
 
+    /// Unperturbed parameters (2-D leaves as [`Weight::Plain`], others shared), for
+    /// programs outside ES such as inference or decoding.
+    pub fn plain(leaves: Vec<(String, Value)>) -> Self {
+        let entries = leaves.into_iter().map(|(path, v)| {
+            let leaf = if v.rank() == 2 {
+                Leaf::Matrix(Weight::Plain(v))
+            } else {
+                Leaf::Dense(Act::shared(v))
+            };
+            (path, leaf)
+        });
+        Self::new(entries.collect())
+    }
+
     fn record(&self, path: &str, a: Access) {
         self.access
             .borrow_mut()

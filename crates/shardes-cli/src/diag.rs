@@ -1,0 +1,191 @@
+//! `shardes diag CONFIG`: what the generation program costs to build and compile.
+//!
+//! For the config's program, and for the same program at ranks 1, 4 and 16 (low-rank
+//! strategies): emitted op counts by kind, emission time, XLA compile time, the optimized
+//! program's instruction count, its collectives and the plugin's memory statistics.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+use shardes::bench::{hlo_opcode_counts, op_counts};
+use shardes::hlo::es::spec::StrategySpec;
+use shardes::hlo::es::strategy::from_spec;
+use shardes::hlo::es::{leaf_infos, shaping, How, ShardedES};
+use shardes::hlo::prng::key;
+use shardes::hlo::problems::transformer_block::TransformerBlock;
+use shardes::runtime::{Client, CompileOptions};
+
+use crate::config::Config;
+
+/// Arguments of `shardes diag`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DiagArgs {
+    /// The run configuration (TOML).
+    pub config: PathBuf,
+    /// Also write the report as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Ranks to sweep for low-rank strategies (comma separated).
+    #[arg(long, default_value = "1,4,16", value_delimiter = ',')]
+    pub ranks: Vec<usize>,
+}
+
+/// One program's build and compile cost.
+#[derive(Debug, Clone, Serialize)]
+pub struct DiagEntry {
+    /// The strategy.
+    pub strategy: String,
+    /// Emitted ops in total.
+    pub emitted_ops: usize,
+    /// Emitted ops by kind.
+    pub emitted_by_kind: std::collections::BTreeMap<String, usize>,
+    /// MLIR text size, bytes.
+    pub mlir_bytes: usize,
+    /// Building and printing, ms.
+    pub emit_ms: f64,
+    /// XLA compile, ms.
+    pub compile_ms: f64,
+    /// Instructions in the optimized HLO (all computations).
+    pub optimized_instructions: usize,
+    /// Collectives in the optimized HLO by opcode.
+    pub collectives: std::collections::BTreeMap<String, usize>,
+    /// Per-device temp (scratch) bytes from the plugin.
+    pub temp_bytes: i64,
+    /// Per-device argument bytes.
+    pub argument_bytes: i64,
+    /// Per-device output bytes.
+    pub output_bytes: i64,
+    /// Peak bytes, if the plugin reports it (0 otherwise).
+    pub peak_bytes: i64,
+}
+
+fn with_rank(spec: &StrategySpec, r: usize) -> Option<StrategySpec> {
+    match spec {
+        StrategySpec::LowRank { .. } => Some(StrategySpec::LowRank { r }),
+        StrategySpec::Mirrored(inner) => {
+            with_rank(inner, r).map(|s| StrategySpec::Mirrored(Box::new(s)))
+        }
+        _ => None,
+    }
+}
+
+fn measure(config: &Config, spec: &StrategySpec, client: &Client) -> Result<DiagEntry> {
+    let how = match config.es.how.to_ascii_uppercase().as_str() {
+        "A" => How::A,
+        _ => How::B,
+    };
+    let shaping = shaping::by_name(&config.es.shaping).with_context(|| {
+        format!(
+            "es.shaping = {:?} is not a known shaping",
+            config.es.shaping
+        )
+    })?;
+    let es = ShardedES::new(
+        from_spec(spec),
+        config.es.n,
+        config.es.sigma,
+        config.es.lr,
+        config.devices,
+    )?
+    .with_shaping(shaping)
+    .with_how(how)
+    .with_member_chunk(config.es.member_chunk);
+    let tb = TransformerBlock {
+        d_model: config.problem.d_model,
+        batch: config.problem.batch,
+        seq: config.problem.seq,
+    };
+    let params = tb.init(key(config.run.seed)?)?;
+    let t0 = Instant::now();
+    let program = es.generation_program(&tb, &leaf_infos(&params))?;
+    let mlir = program.module.to_mlir();
+    let emit_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let t1 = Instant::now();
+    let exe = client.compile(&mlir, &CompileOptions::new(config.devices))?;
+    let compile_ms = t1.elapsed().as_secs_f64() * 1e3;
+    let hlo = exe.optimized_hlo()?;
+    let by_op = hlo_opcode_counts(&hlo);
+    let collectives = by_op
+        .iter()
+        .filter(|(k, _)| {
+            k.starts_with("all-") || k.starts_with("reduce-scatter") || k.starts_with("collective-")
+        })
+        .map(|(k, v)| (k.clone(), *v))
+        .collect();
+    let mem = exe.compiled_memory_stats().unwrap_or_default();
+    let emitted = op_counts(&mlir);
+    Ok(DiagEntry {
+        strategy: spec.to_string(),
+        emitted_ops: emitted.values().sum(),
+        emitted_by_kind: emitted,
+        mlir_bytes: mlir.len(),
+        emit_ms,
+        compile_ms,
+        optimized_instructions: by_op.values().sum(),
+        collectives,
+        temp_bytes: mem.temp_size_in_bytes,
+        argument_bytes: mem.argument_size_in_bytes,
+        output_bytes: mem.output_size_in_bytes,
+        peak_bytes: mem.peak_memory_in_bytes,
+    })
+}
+
+/// Runs `shardes diag`.
+pub fn run(args: &DiagArgs) -> Result<()> {
+    let config = Config::load(&args.config)?;
+    if config.problem.name != "transformer_block" {
+        bail!(
+            "shardes diag builds transformer_block programs only, got problem `{}`",
+            config.problem.name
+        );
+    }
+    let client = match &config.plugin {
+        None => Client::cpu(config.devices)?,
+        Some(p) => bail!(
+            "plugin = {p:?}: shardes diag runs on the provisioned CPU plugin only; remove \
+             the `plugin` key"
+        ),
+    };
+    let spec = config.strategy()?;
+    let mut entries = vec![measure(&config, &spec, &client)?];
+    for &r in &args.ranks {
+        match with_rank(&spec, r) {
+            Some(s) if s != spec => entries.push(measure(&config, &s, &client)?),
+            _ => {}
+        }
+    }
+    let first = &entries[0];
+    println!(
+        "{} n={} devices={} d_model={}",
+        first.strategy, config.es.n, config.devices, config.problem.d_model
+    );
+    println!(
+        "{:<28}{:>8}{:>10}{:>10}{:>12}{:>12}{:>12}",
+        "strategy", "ops", "emit ms", "comp ms", "opt instr", "temp MiB", "collectives"
+    );
+    for e in &entries {
+        let coll: usize = e.collectives.values().sum();
+        println!(
+            "{:<28}{:>8}{:>10.1}{:>10.0}{:>12}{:>12.2}{:>12}",
+            e.strategy,
+            e.emitted_ops,
+            e.emit_ms,
+            e.compile_ms,
+            e.optimized_instructions,
+            e.temp_bytes as f64 / 1048576.0,
+            coll
+        );
+    }
+    println!("emitted ops by kind ({}):", first.strategy);
+    for (k, v) in &first.emitted_by_kind {
+        println!("  {k:<36}{v:>6}");
+    }
+    println!("collectives: {:?}", first.collectives);
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&entries)?)
+            .with_context(|| format!("writing the JSON report to {}", path.display()))?;
+    }
+    Ok(())
+}

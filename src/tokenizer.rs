@@ -1,0 +1,176 @@
+//! Tokenizers from a checkpoint's `tokenizer.json` (through the `tokenizers` crate) and
+//! teacher-forcing batches built from prompt/target token pairs.
+
+use std::path::{Path, PathBuf};
+
+use thiserror::Error;
+
+/// Errors of tokenization and batch assembly.
+#[derive(Debug, Error)]
+pub enum TokenizerError {
+    /// `tokenizer.json` could not be read or parsed.
+    #[error(
+        "cannot load tokenizer {}: {message}; point at the checkpoint's tokenizer.json \
+         (the `tokenizers` JSON format)",
+        path.display()
+    )]
+    Load {
+        /// The file.
+        path: PathBuf,
+        /// The library's message.
+        message: String,
+    },
+    /// Encoding or decoding failed.
+    #[error("tokenizer failed to {what}: {message}")]
+    Codec {
+        /// `encode` or `decode`.
+        what: &'static str,
+        /// The library's message.
+        message: String,
+    },
+    /// An example does not fit the batch geometry.
+    #[error(
+        "example {index} has {len} tokens (prompt + target) but sequences hold {seq} + 1; \
+         raise `seq` or shorten the example"
+    )]
+    TooLong {
+        /// The example's position.
+        index: usize,
+        /// Its token count.
+        len: usize,
+        /// The sequence length.
+        seq: usize,
+    },
+    /// A token id does not fit an i32 program input.
+    #[error("token id {id} does not fit in i32; the vocabulary is too large")]
+    IdRange {
+        /// The offending id.
+        id: u32,
+    },
+}
+
+/// A loaded tokenizer.
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+}
+
+impl Tokenizer {
+    /// Loads a `tokenizer.json`.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Tokenizer, TokenizerError> {
+        let path = path.as_ref();
+        let inner = tokenizers::Tokenizer::from_file(path).map_err(|e| TokenizerError::Load {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        Ok(Tokenizer { inner })
+    }
+
+    /// Loads `dir/tokenizer.json`.
+    pub fn from_checkpoint(dir: impl AsRef<Path>) -> Result<Tokenizer, TokenizerError> {
+        Self::from_file(dir.as_ref().join("tokenizer.json"))
+    }
+
+    /// Token ids of `text` (with the tokenizer's special tokens when `add_special_tokens`).
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizerError> {
+        let enc =
+            self.inner
+                .encode(text, add_special_tokens)
+                .map_err(|e| TokenizerError::Codec {
+                    what: "encode",
+                    message: e.to_string(),
+                })?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// The text of `ids`.
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, TokenizerError> {
+        self.inner
+            .decode(ids, skip_special_tokens)
+            .map_err(|e| TokenizerError::Codec {
+                what: "decode",
+                message: e.to_string(),
+            })
+    }
+
+    /// The id of one token, if it is in the vocabulary.
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// The vocabulary size including added tokens.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+}
+
+/// A teacher-forcing batch, row-major `[batch, seq]`: the inputs of the qwen2 loss.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LmBatch {
+    /// Sequences.
+    pub batch: usize,
+    /// Tokens per sequence.
+    pub seq: usize,
+    /// Input tokens (padding where the example ended).
+    pub ids: Vec<i32>,
+    /// The token that should follow each position.
+    pub targets: Vec<i32>,
+    /// 1 where the target is part of an example's target text, else 0.
+    pub mask: Vec<f32>,
+}
+
+fn id32(id: u32) -> Result<i32, TokenizerError> {
+    i32::try_from(id).map_err(|_| TokenizerError::IdRange { id })
+}
+
+/// Builds a batch from `(prompt, target)` token pairs: each row holds `prompt ++ target`
+/// shifted by one, and only positions predicting a target token are counted.
+pub fn lm_batch(
+    pairs: &[(Vec<u32>, Vec<u32>)],
+    seq: usize,
+    pad_id: u32,
+) -> Result<LmBatch, TokenizerError> {
+    let pad = id32(pad_id)?;
+    let n = pairs.len();
+    let mut ids = vec![pad; n * seq];
+    let mut targets = vec![pad; n * seq];
+    let mut mask = vec![0.0f32; n * seq];
+    for (row, (prompt, target)) in pairs.iter().enumerate() {
+        let full: Vec<u32> = prompt.iter().chain(target).copied().collect();
+        if full.len() > seq + 1 {
+            return Err(TokenizerError::TooLong {
+                index: row,
+                len: full.len(),
+                seq,
+            });
+        }
+        for t in 0..full.len().saturating_sub(1) {
+            ids[row * seq + t] = id32(full[t])?;
+            targets[row * seq + t] = id32(full[t + 1])?;
+            if t + 1 >= prompt.len() {
+                mask[row * seq + t] = 1.0;
+            }
+        }
+    }
+    Ok(LmBatch {
+        batch: n,
+        seq,
+        ids,
+        targets,
+        mask,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lm_batch_shifts_and_masks_targets_only() {
+        let b = lm_batch(&[(vec![5, 6], vec![7, 8]), (vec![1], vec![2])], 4, 0).expect("fits");
+        assert_eq!(b.ids, [5, 6, 7, 0, 1, 0, 0, 0]);
+        assert_eq!(b.targets, [6, 7, 8, 0, 2, 0, 0, 0]);
+        assert_eq!(b.mask, [0.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0]);
+        let e = lm_batch(&[(vec![1, 2, 3], vec![4, 5])], 3, 0).expect_err("5 > 3 + 1");
+        assert!(e.to_string().contains("raise `seq`"), "{e}");
+    }
+}
