@@ -1,0 +1,65 @@
+//! The quickstart through the library: one transformer block (d_model 64) trained by
+//! mirrored low-rank ES (r = 1, n = 256, sigma = lr = 0.01) on 8 simulated CPU devices for
+//! 30 generations. Prints the population's mean loss at generations 0, 10, 20 and 29.
+//!
+//! ```text
+//! cargo run --release --example quickstart
+//! ```
+//!
+//! `shardes run examples/quickstart.toml` runs the same thing with progress, metrics and
+//! checkpoints. `tests/quickstart_example.rs` includes this file and checks that the loss
+//! falls.
+
+use shardes::hlo::es::strategy::{LowRank, Mirrored};
+use shardes::hlo::es::ShardedES;
+use shardes::hlo::prng::{fold_in, key};
+use shardes::hlo::problems::transformer_block::TransformerBlock;
+use shardes::runtime::Client;
+use shardes::Trainer;
+
+/// Simulated CPU devices the population is split over.
+pub const DEVICES: usize = 8;
+
+/// Runs the quickstart for `generations` generations and returns each generation's mean
+/// loss over the population.
+pub fn quickstart(generations: usize) -> Result<Vec<f64>, Box<dyn std::error::Error>> {
+    let problem = TransformerBlock::QUICKSTART;
+    // key = key(seed); params = init(key); batch = make_batch(fold_in(key, 1)).
+    let k = key(0)?;
+    let params = problem.init(k)?;
+    let batch = problem.make_batch(fold_in(k, 1))?;
+    let es = ShardedES::new(
+        Box::new(Mirrored(Box::new(LowRank { r: 1 }))),
+        256,
+        0.01,
+        0.01,
+        DEVICES,
+    )?;
+    let client = Client::cpu(DEVICES)?;
+    let mut trainer = Trainer::new(
+        &client,
+        &es,
+        &problem,
+        &params,
+        k,
+        &[batch.x, batch.target],
+        0,
+    )?;
+    let mut means = Vec::with_capacity(generations);
+    for _ in 0..generations {
+        let fitness = trainer.step()?;
+        let sum: f64 = fitness.iter().map(|&f| f64::from(f)).sum();
+        means.push(sum / fitness.len() as f64);
+    }
+    Ok(means)
+}
+
+// The test that includes this file calls `quickstart` only.
+#[allow(dead_code)]
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let means = quickstart(30)?;
+    for step in [0, 10, 20, 29] {
+        println!("step {step:>2}: mean loss {:.5}", means[step]);
+    }
+    Ok(())
+}
