@@ -144,14 +144,19 @@ impl Qwen2Config {
                 });
             }
         }
-        if self.hidden_size % self.num_attention_heads != 0 || self.head_dim() % 2 != 0 {
+        if !self.hidden_size.is_multiple_of(self.num_attention_heads)
+            || !self.head_dim().is_multiple_of(2)
+        {
             return Err(ProblemError::BadDimension {
                 what: "hidden_size",
                 value: self.hidden_size,
                 fix: "hidden_size must be num_attention_heads × an even head size",
             });
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
             return Err(ProblemError::BadDimension {
                 what: "num_key_value_heads",
                 value: self.num_key_value_heads,
