@@ -1090,7 +1090,13 @@ impl Strategy for ZeroNoise {
     ) -> crate::builder::Result<Noise> {
         let mut shape = vec![dirs.shape()[0]];
         shape.extend_from_slice(&leaf.shape);
-        Ok(Noise::Dense(dirs.func().full(0.0f32, &shape)?))
+        // Zero, but computed from the member ids: a constant zero lets XLA prove every
+        // member's weights equal and evaluate one member for the whole chunk, which is
+        // not the inference of n members this program stands for. `id · 0` is not folded
+        // for floats (NaN semantics), so each member keeps its own weights.
+        let f = dirs.func();
+        let z = dirs.convert(crate::builder::DType::F32)?.mul(&f.scalar(0.0f32)?)?;
+        Ok(Noise::Dense(z.broadcast_in_dim(&shape, &[0])?))
     }
 }
 
