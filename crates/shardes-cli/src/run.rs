@@ -372,7 +372,7 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
             ProgressBar::with_draw_target(Some(u64::from(total)), ProgressDrawTarget::stdout());
         pb.set_style(
             ProgressStyle::with_template(
-                "{spinner} gen {pos}/{len} [{bar:24.cyan/blue}] {msg} ETA {eta}",
+                "{spinner} {pos}/{len} [{bar:12.cyan/blue}] {msg} ETA {eta}",
             )
             .context("progress bar template")?
             .progress_chars("=> "),
@@ -409,14 +409,16 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
             .with_context(|| format!("writing {}", metrics_path.display()))?;
         let done = g + 1;
         let avg_ms = t_run.elapsed().as_secs_f64() * 1e3 / f64::from(done - start);
-        let line = format!("fitness mean {mean:.5} min {lo:.5} max {hi:.5} | {ms:.1} ms/gen");
         match &pb {
             Some(pb) => {
-                pb.set_message(line);
+                // Kept under 80 columns with the bar: a wrapped bar redraws badly.
+                pb.set_message(format!(
+                    "mean {mean:.4} min {lo:.4} max {hi:.4} | {ms:.0} ms/gen"
+                ));
                 pb.set_position(u64::from(done));
             }
             None => println!(
-                "gen {done}/{total} {line} | ETA {}",
+                "gen {done}/{total} fitness mean {mean:.5} min {lo:.5} max {hi:.5} | {ms:.1} ms/gen | ETA {}",
                 fmt_duration(avg_ms * f64::from(total - done) / 1e3)
             ),
         }
@@ -430,6 +432,8 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
     checkpoint(&out, &trainer, s.key, &hash)?;
     if let Some(pb) = &pb {
         pb.finish();
+        // The bar leaves the cursor at the end of its line.
+        println!();
     }
     let g = trainer.generation();
     match outcome {
