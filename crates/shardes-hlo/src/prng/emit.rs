@@ -167,30 +167,85 @@ impl Keys {
 }
 
 /// threefry2x32 (20 rounds) elementwise over u32 values with numpy broadcasting.
+///
+/// Emitted as JAX lowers it on CPU: the five four-round groups are one `while` loop whose
+/// carry holds the counters, the rotating key schedule and the two rotation tables, so a
+/// program with many draws stays small and compiles fast (the unrolled form is ~8× the ops).
 pub fn threefry2x32(k0: &Value, k1: &Value, x0: &Value, x1: &Value) -> Result<(Value, Value)> {
     let f = k0.func();
     let u = |x: u32| f.scalar(x);
+    let shape = broadcast_shape(&[k0.shape(), k1.shape(), x0.shape(), x1.shape()])?;
+    let full = |v: &Value| -> Result<Value> {
+        if v.shape() == shape.as_slice() {
+            Ok(v.clone())
+        } else {
+            v.broadcast_to(&shape)
+        }
+    };
     let k2 = k0.xor(k1)?.xor(&u(THREEFRY_PARITY)?)?;
-    let ks = [k0.clone(), k1.clone(), k2];
-    let mut x0 = x0.clone();
-    let mut x1 = x1.clone();
-    for (g, inj) in THREEFRY_INJECTIONS.iter().enumerate() {
-        x0 = x0.add(&ks[inj[0]])?;
-        x1 = x1.add(&ks[inj[1]])?;
-        if g > 0 {
-            // g is at most THREEFRY_GROUPS = 5.
-            x1 = x1.add(&u(g as u32)?)?;
-        }
-        if g == THREEFRY_GROUPS {
-            break;
-        }
-        for &r in &THREEFRY_ROTATIONS[g % 2] {
-            x0 = x0.add(&x1)?;
-            let rot = x1
-                .shift_left(&u(r)?)?
-                .or(&x1.shift_right_logical(&u(32 - r)?)?)?;
-            x1 = rot.xor(&x0)?;
+    let ks = [full(k0)?, full(k1)?, full(&k2)?];
+    // Group 0's injection, then groups 0..5 in the loop: after group g the schedule adds
+    // ks[(g+1) % 3] and ks[(g+2) % 3] + g + 1 (THREEFRY_INJECTIONS), hence the rotation.
+    debug_assert_eq!(THREEFRY_INJECTIONS[0], [0, 1]);
+    let x0 = full(x0)?.add(&ks[0])?;
+    let x1 = full(x1)?.add(&ks[1])?;
+    let rot = |g: usize| -> Result<Value> { f.constant(&[4], &THREEFRY_ROTATIONS[g % 2]) };
+    let groups = THREEFRY_GROUPS as u32;
+    let i0 = u(0)?;
+    let (ra, rb) = (rot(0)?, rot(1)?);
+    let init = [&i0, &x0, &x1, &ks[1], &ks[2], &ks[0], &ra, &rb];
+    let g = f.clone();
+    let h = f.clone();
+    let out = f.while_loop(
+        &init,
+        move |c| c[0].lt(&g.scalar(groups)?),
+        move |c| {
+            let (i, mut x0, mut x1) = (c[0].clone(), c[1].clone(), c[2].clone());
+            let (ka, kb, kc) = (&c[3], &c[4], &c[5]);
+            let (ra, rb) = (&c[6], &c[7]);
+            for k in 0..4 {
+                let r = ra.slice_in_dim(k, k + 1, 0)?.reshape(&[])?;
+                let l = h.scalar(32u32)?.sub(&r)?;
+                x0 = x0.add(&x1)?;
+                let rotl = x1
+                    .shift_left(&r.broadcast_to(x1.shape())?)?
+                    .or(&x1.shift_right_logical(&l.broadcast_to(x1.shape())?)?)?;
+                x1 = rotl.xor(&x0)?;
+            }
+            let next = i.add(&h.scalar(1u32)?)?;
+            x0 = x0.add(ka)?;
+            x1 = x1.add(kb)?.add(&next.broadcast_to(x1.shape())?)?;
+            Ok(vec![
+                next,
+                x0,
+                x1,
+                kb.clone(),
+                kc.clone(),
+                ka.clone(),
+                rb.clone(),
+                ra.clone(),
+            ])
+        },
+    )?;
+    Ok((out[1].clone(), out[2].clone()))
+}
+
+/// numpy broadcast shape of several shapes.
+fn broadcast_shape(shapes: &[&[i64]]) -> Result<Vec<i64>> {
+    let rank = shapes.iter().map(|s| s.len()).max().unwrap_or(0);
+    let mut out = vec![1i64; rank];
+    for s in shapes {
+        for (i, &d) in s.iter().enumerate() {
+            let o = &mut out[rank - s.len() + i];
+            if *o == 1 {
+                *o = d;
+            } else if d != 1 && d != *o {
+                return Err(prng_err(
+                    "threefry2x32",
+                    format!("operand shapes {shapes:?} do not broadcast"),
+                ));
+            }
         }
     }
-    Ok((x0, x1))
+    Ok(out)
 }
