@@ -187,9 +187,12 @@ fn map_file(path: &Path) -> Result<Mmap, HfError> {
     })
 }
 
-/// The weight files of a checkpoint directory and which file holds each tensor (`None`
-/// for a single unindexed file, which holds everything).
-fn weight_files(dir: &Path) -> Result<(Vec<PathBuf>, Option<BTreeMap<String, usize>>), HfError> {
+/// Which weight file (an index into the file list) holds each tensor; `None` for a single
+/// unindexed file, which holds everything.
+type TensorIndex = Option<BTreeMap<String, usize>>;
+
+/// The weight files of a checkpoint directory and where each tensor lives.
+fn weight_files(dir: &Path) -> Result<(Vec<PathBuf>, TensorIndex), HfError> {
     let index_path = dir.join("model.safetensors.index.json");
     if index_path.exists() {
         let text = std::fs::read_to_string(&index_path).map_err(|source| HfError::Read {

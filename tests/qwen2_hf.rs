@@ -39,6 +39,12 @@ fn config_json(c: &Qwen2Config) -> String {
 }
 
 /// Raw little-endian bytes of `data` in `dtype`.
+/// One tensor to write: name, shape, dtype, values.
+type Tensor = (String, Vec<usize>, Dtype, Vec<f32>);
+
+/// Edits the tensors of a checkpoint to break it in one way.
+type Breakage = Box<dyn Fn(&mut Vec<Tensor>)>;
+
 fn encode(data: &[f32], dtype: Dtype) -> Vec<u8> {
     match dtype {
         Dtype::F32 => data.iter().flat_map(|x| x.to_le_bytes()).collect(),
@@ -55,7 +61,7 @@ fn encode(data: &[f32], dtype: Dtype) -> Vec<u8> {
 }
 
 /// Writes `tensors` (name, shape, dtype, data) into one safetensors file.
-fn write_file(path: &Path, tensors: &[(String, Vec<usize>, Dtype, Vec<f32>)]) {
+fn write_file(path: &Path, tensors: &[Tensor]) {
     let bytes: Vec<Vec<u8>> = tensors.iter().map(|(_, _, d, x)| encode(x, *d)).collect();
     let views: Vec<(String, TensorView)> = tensors
         .iter()
@@ -67,7 +73,7 @@ fn write_file(path: &Path, tensors: &[(String, Vec<usize>, Dtype, Vec<f32>)]) {
 
 /// The tensors of `tree`: 2-D leaves in `matrix_dtype`, the rest in f32 (as real Qwen
 /// checkpoints mix nothing, this exercises both conversions in one load).
-fn tensors(tree: &ParamTree, matrix_dtype: Dtype) -> Vec<(String, Vec<usize>, Dtype, Vec<f32>)> {
+fn tensors(tree: &ParamTree, matrix_dtype: Dtype) -> Vec<Tensor> {
     tree.leaves()
         .into_iter()
         .map(|(p, a)| {
@@ -142,11 +148,7 @@ fn sharded_checkpoint_with_index_loads() {
 #[test]
 fn loading_errors_name_the_tensor() {
     let (c, p) = tiny();
-    let cases: Vec<(
-        &str,
-        Box<dyn Fn(&mut Vec<(String, Vec<usize>, Dtype, Vec<f32>)>)>,
-        &str,
-    )> = vec![
+    let cases: Vec<(&str, Breakage, &str)> = vec![
         (
             "missing",
             Box::new(|t| t.retain(|(n, ..)| n != "model.layers.1.mlp.up_proj.weight")),
