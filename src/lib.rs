@@ -14,9 +14,11 @@ pub use shardes_runtime as runtime;
 pub mod bench;
 pub mod hf;
 pub mod io;
+pub mod split;
 pub mod tokenizer;
 pub mod trainer;
 
+pub use split::{HostFitness, SplitTrainer};
 pub use trainer::{BuildTimes, Trainer};
 
 /// Errors of the facade: everything a run can fail with.

@@ -6,7 +6,8 @@
 //! - [`model`]: transformer_block forward and loss through a `dense` seam;
 //! - [`es`]: noise (full rank, low-rank factors), mirrored pairing, member evaluation and
 //!   the update;
-//! - [`shaping`]: centered_ranks, centered, group_relative, none.
+//! - [`shaping`]: centered_ranks, centered, group_relative, none;
+//! - [`tiny`]: small models (MLP, multi-task, constant, quadratic) for the ES tests.
 
 // Each test binary uses a different part of the support code.
 #![allow(dead_code)]
@@ -14,6 +15,7 @@
 pub mod es;
 pub mod model;
 pub mod shaping;
+pub mod tiny;
 
 use std::path::PathBuf;
 

@@ -78,6 +78,12 @@ pub trait Model {
     /// (or `[g]` for `group_relative`), f32. Read 2-D weights through
     /// [`ModelParams::weight`] and the seams in [`crate::nn`].
     fn loss(&self, params: &ModelParams, batch: &[Value]) -> Result<Act, EsError>;
+
+    /// Fitness columns per member: 1 for a scalar loss, `g` when [`Model::loss`] returns
+    /// `g` task losses (logical shape `[g]`, for `group_relative`).
+    fn tasks(&self) -> usize {
+        1
+    }
 }
 
 /// How a model read a leaf (for [`check_model`]).
@@ -227,7 +233,7 @@ impl std::fmt::Debug for ShardedES {
     }
 }
 
-/// The default members per evaluation chunk: small enough that one chunk's activations
+/// The largest default members per evaluation chunk: small enough that one chunk's activations
 /// stay in cache-sized memory, and independent of the device count.
 pub const DEFAULT_MEMBER_CHUNK: usize = 32;
 
@@ -349,15 +355,15 @@ impl ShardedES {
     }
 
     /// Members each device evaluates per loop step: the configured chunk (or the
-    /// strategy's, or [`DEFAULT_MEMBER_CHUNK`] capped at the local population), checked to
-    /// divide the local population and the pairing.
+    /// strategy's, or [`ShardedES::default_member_chunk`]), checked to divide the local
+    /// population and the pairing.
     pub fn member_chunk(&self) -> Result<usize, EsError> {
         let local = self.n / self.devices;
         let p = self.strategy.pairing();
         let c = self
             .member_chunk
             .or(self.strategy.chunk())
-            .unwrap_or(DEFAULT_MEMBER_CHUNK.min(local));
+            .unwrap_or_else(|| self.default_member_chunk());
         if c == 0 || !c.is_multiple_of(p) || !local.is_multiple_of(c) {
             return Err(invalid(
                 format!(
@@ -370,9 +376,37 @@ impl ShardedES {
         Ok(c)
     }
 
+    /// The chunk used when neither the settings nor the strategy choose one: the largest
+    /// multiple of the pairing, at most [`DEFAULT_MEMBER_CHUNK`], that divides both the
+    /// local population and `n / 8` (when 8 divides `n`). Dividing `n / 8` makes it the
+    /// same on 1, 2, 4 and 8 devices, so each member's loss is computed by the same kernel
+    /// shapes and is bit-identical across those device counts (rank shaping turns a 1-ulp
+    /// difference between near ties into a different update).
+    pub fn default_member_chunk(&self) -> usize {
+        let local = self.n / self.devices;
+        let p = self.strategy.pairing().max(1);
+        let base = if self.n.is_multiple_of(8) && (self.n / 8).is_multiple_of(p) {
+            gcd(local, self.n / 8)
+        } else {
+            local
+        };
+        (1..=DEFAULT_MEMBER_CHUNK.min(base))
+            .rev()
+            .find(|c| base.is_multiple_of(*c) && c.is_multiple_of(p))
+            .unwrap_or(p)
+    }
+
     /// `lr / (n σ)`, the f32 factor of the update, computed once.
     pub fn update_scale(&self) -> f32 {
         self.lr / (self.n as f32 * self.sigma)
+    }
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
     }
 }
 
@@ -519,7 +553,7 @@ impl ShardedES {
     }
 
     /// The loss of a chunk as `f32[c]` or `f32[c, g]`, refusing narrow fitness.
-    fn chunk_fitness(&self, loss: Act, c: i64) -> Result<Value, EsError> {
+    fn chunk_fitness(&self, loss: Act, c: i64, tasks: usize) -> Result<Value, EsError> {
         match loss.dtype() {
             DType::F32 => {}
             DType::F64 => {}
@@ -536,10 +570,20 @@ impl ShardedES {
             }
         }
         let logical = loss.logical_shape().to_vec();
-        if logical.len() > 1 {
+        let want: Vec<i64> = if tasks > 1 {
+            vec![tasks as i64]
+        } else {
+            vec![]
+        };
+        if logical != want {
             return Err(invalid(
-                format!("the model's loss has logical shape {logical:?}"),
-                "return one scalar per member (or [g] task losses for group_relative)".into(),
+                format!(
+                    "the model's loss has logical shape {logical:?} but Model::tasks() = {tasks} \
+                     expects {want:?}"
+                ),
+                "return one scalar per member, or [g] task losses with Model::tasks() = g \
+                 (for group_relative)"
+                    .into(),
             ));
         }
         let mut shape = vec![c];
@@ -625,7 +669,7 @@ impl ShardedES {
                 )?;
                 let mp = self.perturbed(params, leaves, &noise, &signs)?;
                 let loss = model.loss(&mp, batch)?;
-                let fit = self.chunk_fitness(loss, c)?;
+                let fit = self.chunk_fitness(loss, c, tasks)?;
                 let zero = f.scalar(0i32)?;
                 let starts: Vec<&Value> = if tasks > 1 {
                     vec![&start, &zero]
@@ -726,12 +770,37 @@ impl ShardedES {
         Ok(out?)
     }
 
-    fn layout(&self, model: &dyn Model, leaves: &[LeafInfo]) -> Layout {
-        Layout {
+    /// The layout for `model`; the fitness columns come from the model (the shaping's
+    /// expectation, where it has one, must agree).
+    fn layout(&self, model: &dyn Model, leaves: &[LeafInfo]) -> Result<Layout, EsError> {
+        let tasks = model.tasks();
+        self.check_tasks(tasks)?;
+        Ok(Layout {
             leaves: leaves.to_vec(),
             batch: model.batch_types(),
             n: self.n,
-            tasks: self.shaping.tasks().unwrap_or(1),
+            tasks,
+        })
+    }
+
+    fn check_tasks(&self, tasks: usize) -> Result<(), EsError> {
+        if tasks == 0 {
+            return Err(invalid(
+                "the model reports 0 tasks".into(),
+                "return 1 from Model::tasks for a scalar loss, g for g task losses".into(),
+            ));
+        }
+        match self.shaping.tasks() {
+            Some(want) if want != tasks => Err(invalid(
+                format!(
+                    "the model returns {tasks} task losses per member but shaping {} takes {want}",
+                    self.shaping.name()
+                ),
+                "use group_relative shaping for several task losses, or reduce the loss to \
+                 one scalar per member"
+                    .into(),
+            )),
+            _ => Ok(()),
         }
     }
 
@@ -894,7 +963,7 @@ impl ShardedES {
     ) -> Result<Program, EsError> {
         self.check_leaves(leaves)?;
         self.member_chunk()?;
-        let layout = self.layout(model, leaves);
+        let layout = self.layout(model, leaves)?;
         let mut module = Module::with_mesh("generation", Mesh::pop(self.devices as i64)?);
         let f = module.func("main");
         let (params, key, generation, batch) = self.state_args(&f, &layout)?;
@@ -991,7 +1060,7 @@ impl ShardedES {
     ) -> Result<Program, EsError> {
         self.check_leaves(leaves)?;
         self.member_chunk()?;
-        let layout = self.layout(model, leaves);
+        let layout = self.layout(model, leaves)?;
         let mut module = Module::with_mesh("ask_apply", Mesh::pop(self.devices as i64)?);
         let f = module.func("main");
         let mut params = Vec::new();
@@ -1022,6 +1091,7 @@ impl ShardedES {
     /// The split mode's second half: `(params…, key, generation, fitness) → (params'…,
     /// generation + 1)` with a host-provided f32 fitness (replicated input).
     pub fn tell_program(&self, leaves: &[LeafInfo], tasks: usize) -> Result<Program, EsError> {
+        self.check_tasks(tasks)?;
         self.check_leaves(leaves)?;
         self.member_chunk()?;
         let layout = Layout {
