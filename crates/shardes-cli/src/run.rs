@@ -268,6 +268,16 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
                 ));
             }
         }
+        if let Ok(Some(st)) = read_state(&out) {
+            if st.config_hash == hash {
+                println!(
+                    "note: {} holds a checkpoint of this config at generation {}; starting over \
+                     (pass --resume to continue it instead)",
+                    out.display(),
+                    st.generation
+                );
+            }
+        }
         None
     };
 

@@ -84,3 +84,21 @@ fn devices_lists_the_simulated_cpus() {
         "{stdout}"
     );
 }
+
+/// `--plugin` with the path `devices` reported loads that plugin explicitly.
+#[test]
+fn devices_with_an_explicit_plugin_path() {
+    let o = shardes(&["devices", "--devices", "2"]);
+    let (stdout, stderr) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{stderr}");
+    let path = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("plugin     "))
+        .expect("a plugin line")
+        .to_string();
+    let o = shardes(&["devices", "--devices", "2", "--plugin", &path]);
+    let (stdout, stderr) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{stderr}");
+    assert!(stdout.contains(&format!("plugin     {path}")), "{stdout}");
+    assert!(stdout.contains("devices    2"), "{stdout}");
+}

@@ -130,6 +130,23 @@ fn resume_yields_the_uninterrupted_trajectory() {
         );
     }
 
+    // Running the same config again without --resume starts over, and says so.
+    let o = shardes(&["run", cfg_a.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{:?}", text(&o));
+    assert!(
+        text(&o)
+            .0
+            .contains("holds a checkpoint of this config at generation 4; starting over"),
+        "{:?}",
+        text(&o)
+    );
+    assert_eq!(metrics(&a).len(), 4);
+    assert_eq!(
+        load_params(&a),
+        pb,
+        "a rerun from scratch must reproduce the run"
+    );
+
     // Resuming a finished run has nothing to do and changes nothing.
     let o = shardes(&["run", cfg_b4.to_str().unwrap(), "--resume"]);
     assert_eq!(o.status.code(), Some(0), "{:?}", text(&o));
