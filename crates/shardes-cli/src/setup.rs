@@ -95,7 +95,7 @@ pub fn problem(config: &Config) -> anyhow::Result<Problem> {
     let k = key(config.run.seed).map_err(|e| {
         user(
             format!("run.seed = {}: {e}", config.run.seed),
-            "use a seed below 2^32",
+            "use a seed below 2^63",
         )
     })?;
     let (model, params, batch): (Box<dyn Model>, ParamTree, Vec<Array>) =
