@@ -15,6 +15,7 @@ pub mod bench;
 pub mod hf;
 pub mod io;
 pub mod split;
+mod state;
 pub mod tokenizer;
 pub mod trainer;
 

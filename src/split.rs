@@ -14,8 +14,9 @@ use shardes_hlo::es::{EsError, Layout, Model, ShardedES};
 use shardes_hlo::params::{Array, ParamTree};
 use shardes_hlo::prng::Key;
 use shardes_runtime::half::{bf16, f16};
-use shardes_runtime::{gather_rows, Buffer, Client, CompileOptions, Element, Executable};
+use shardes_runtime::{gather_rows, Buffer, Client, CompileOptions, Executable};
 
+use crate::state::{check_devices, replicate, DeviceState};
 use crate::Error;
 
 /// A fitness array computed on the host, one value per member (or `n × g` row-major for
@@ -69,28 +70,7 @@ pub struct SplitTrainer {
     client: Client,
     ask_apply: Executable,
     tell: Executable,
-    layout: Layout,
-    template: ParamTree,
-    devices: usize,
-    /// `[device][leaf]`.
-    params: Vec<Vec<Buffer>>,
-    key: Vec<Buffer>,
-    generation: Vec<Buffer>,
-    /// `[device][batch argument]`.
-    batch: Vec<Vec<Buffer>>,
-    generation_host: u32,
-}
-
-/// `data` on each of the first `devices` devices.
-fn replicate<T: Element>(
-    client: &Client,
-    data: &[T],
-    dims: &[usize],
-    devices: usize,
-) -> Result<Vec<Buffer>, Error> {
-    (0..devices)
-        .map(|d| Ok(client.buffer_from_host(data, dims, d)?))
-        .collect()
+    state: DeviceState,
 }
 
 impl SplitTrainer {
@@ -107,86 +87,35 @@ impl SplitTrainer {
         generation: u32,
     ) -> Result<SplitTrainer, Error> {
         let devices = es.devices();
-        if client.device_count() < devices {
-            return Err(Error::Invalid(format!(
-                "the ES uses {devices} devices but the client has {}; lower the device count or \
-                 create the client with more CPU devices",
-                client.device_count()
-            )));
-        }
+        check_devices(client, devices)?;
         let leaves = shardes_hlo::es::leaf_infos(params);
         let first = es.ask_apply_program(model, &leaves)?;
-        let layout = first.layout;
-        let second = es.tell_program(&leaves, layout.tasks)?;
+        let second = es.tell_program(&leaves, first.layout.tasks)?;
         let opts = CompileOptions::new(devices);
         let ask_apply = client.compile(&first.module.to_mlir(), &opts)?;
         let tell = client.compile(&second.module.to_mlir(), &opts)?;
-        if batch.len() != layout.batch.len() {
-            return Err(Error::Invalid(format!(
-                "the model takes {} batch arrays ({}) but {} were given",
-                layout.batch.len(),
-                layout
-                    .batch
-                    .iter()
-                    .map(|(n, t)| format!("{n}: {t}"))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                batch.len()
-            )));
-        }
-        for ((name, ty), a) in layout.batch.iter().zip(batch) {
-            let want: Vec<usize> = ty.shape.iter().map(|&d| d as usize).collect();
-            if a.shape() != want.as_slice() {
-                return Err(Error::Invalid(format!(
-                    "batch array `{name}` has shape {:?} but the model expects {ty}",
-                    a.shape()
-                )));
-            }
-        }
-        let mut per_device: Vec<Vec<Buffer>> = (0..devices).map(|_| Vec::new()).collect();
-        for (_, a) in params.leaves() {
-            for (d, b) in replicate(client, a.data(), a.shape(), devices)?
-                .into_iter()
-                .enumerate()
-            {
-                per_device[d].push(b);
-            }
-        }
-        let mut batch_dev: Vec<Vec<Buffer>> = (0..devices).map(|_| Vec::new()).collect();
-        for a in batch {
-            for (d, b) in replicate(client, a.data(), a.shape(), devices)?
-                .into_iter()
-                .enumerate()
-            {
-                batch_dev[d].push(b);
-            }
-        }
+        let state = DeviceState::upload(
+            client,
+            devices,
+            first.layout,
+            params,
+            key,
+            batch,
+            generation,
+        )?;
         Ok(SplitTrainer {
             client: client.clone(),
             ask_apply,
             tell,
-            template: params.clone(),
-            devices,
-            params: per_device,
-            key: replicate(client, &key.data(), &[2], devices)?,
-            generation: replicate(client, &[generation], &[], devices)?,
-            batch: batch_dev,
-            generation_host: generation,
-            layout,
+            state,
         })
     }
 
     /// Runs `ask + apply` on the current state: the fitness of every member in global
     /// member order (`n`, or `n × g` row-major). The state is unchanged.
     pub fn evaluate(&self) -> Result<Vec<f32>, Error> {
-        let args: Vec<Vec<&Buffer>> = (0..self.devices)
-            .map(|d| {
-                let mut a: Vec<&Buffer> = self.params[d].iter().collect();
-                a.push(&self.key[d]);
-                a.push(&self.generation[d]);
-                a.extend(self.batch[d].iter());
-                a
-            })
+        let args: Vec<Vec<&Buffer>> = (0..self.state.devices())
+            .map(|d| self.state.args(d, true))
             .collect();
         let outs = self.ask_apply.execute(&args)?;
         let mut shards = Vec::with_capacity(outs.len());
@@ -203,67 +132,48 @@ impl SplitTrainer {
     /// bf16/f16 fitness is refused before anything runs; f64 is rounded to f32.
     pub fn tell(&mut self, fitness: &HostFitness) -> Result<(), Error> {
         let values = fitness.to_f32()?;
-        let want = self.layout.n * self.layout.tasks;
+        let layout = &self.state.layout;
+        let want = layout.n * layout.tasks;
         if values.len() != want {
             return Err(Error::Invalid(format!(
                 "tell got {} fitness values but the population has n = {} members × {} tasks = \
                  {want}; pass one value per member (and task), in member order",
                 values.len(),
-                self.layout.n,
-                self.layout.tasks
+                layout.n,
+                layout.tasks
             )));
         }
-        let mut dims = vec![self.layout.n];
-        if self.layout.tasks > 1 {
-            dims.push(self.layout.tasks);
+        let mut dims = vec![layout.n];
+        if layout.tasks > 1 {
+            dims.push(layout.tasks);
         }
-        let fit_dev = replicate(&self.client, &values, &dims, self.devices)?;
-        let args: Vec<Vec<&Buffer>> = (0..self.devices)
+        let devices = self.state.devices();
+        let fit_dev = replicate(&self.client, &values, &dims, devices)?;
+        let args: Vec<Vec<&Buffer>> = (0..devices)
             .map(|d| {
-                let mut a: Vec<&Buffer> = self.params[d].iter().collect();
-                a.push(&self.key[d]);
-                a.push(&self.generation[d]);
+                let mut a = self.state.args(d, false);
                 a.push(&fit_dev[d]);
                 a
             })
             .collect();
         let outs = self.tell.execute(&args)?;
-        let nl = self.layout.leaves.len();
-        for (d, mut out) in outs.into_iter().enumerate() {
-            let gen = out
-                .pop()
-                .ok_or_else(|| Error::Invalid("tell returned no generation".into()))?;
-            if out.len() != nl {
-                return Err(Error::Invalid(format!(
-                    "tell returned {} parameter leaves, expected {nl}",
-                    out.len()
-                )));
-            }
-            self.params[d] = out;
-            self.generation[d] = gen;
-        }
-        self.generation_host += 1;
+        self.state.absorb(outs, 0, 1)?;
         Ok(())
     }
 
     /// The generation the next `evaluate`/`tell` pair runs.
     pub fn generation(&self) -> u32 {
-        self.generation_host
+        self.state.generation_host
     }
 
     /// Copies the parameters back to the host (from device 0; every device holds the same).
     pub fn params(&self) -> Result<ParamTree, Error> {
-        let mut leaves = Vec::with_capacity(self.params[0].len());
-        for (b, l) in self.params[0].iter().zip(&self.layout.leaves) {
-            let shape: Vec<usize> = l.shape.iter().map(|&d| d as usize).collect();
-            leaves.push(Array::new(shape, b.to_host::<f32>()?)?);
-        }
-        Ok(ParamTree::from_leaves(&self.template, leaves)?)
+        self.state.params()
     }
 
     /// The program layout (`n`, tasks, leaves, batch).
     pub fn layout(&self) -> &Layout {
-        &self.layout
+        &self.state.layout
     }
 
     /// The `ask + apply` executable.

@@ -13,6 +13,7 @@ use shardes_hlo::params::{Array, ParamTree};
 use shardes_hlo::prng::Key;
 use shardes_runtime::{gather_rows, Buffer, Client, CompileOptions, Executable};
 
+use crate::state::{check_devices, DeviceState};
 use crate::Error;
 
 /// Host-side timings of building the trainer.
@@ -29,22 +30,10 @@ pub struct Trainer {
     client: Client,
     exe: Executable,
     mlir: String,
-    layout: Layout,
-    template: ParamTree,
-    /// `[device][leaf]`.
-    params: Vec<Vec<Buffer>>,
-    key: Vec<Buffer>,
-    generation: Vec<Buffer>,
-    /// `[device][batch argument]`.
-    batch: Vec<Vec<Buffer>>,
-    generation_host: u32,
+    state: DeviceState,
     /// Generations each dispatch runs.
     per_dispatch: u32,
     times: BuildTimes,
-}
-
-fn dims(a: &Array) -> Vec<usize> {
-    a.shape().to_vec()
 }
 
 impl Trainer {
@@ -87,13 +76,7 @@ impl Trainer {
                 ))
             })?;
         let devices = es.devices();
-        if client.device_count() < devices {
-            return Err(Error::Invalid(format!(
-                "the ES uses {devices} devices but the client has {}; lower the device count or \
-                 create the client with more CPU devices",
-                client.device_count()
-            )));
-        }
+        check_devices(client, devices)?;
         let t0 = Instant::now();
         let leaves = shardes_hlo::es::leaf_infos(params);
         let program = es.generation_program_multi(model, &leaves, per_dispatch)?;
@@ -102,52 +85,20 @@ impl Trainer {
         let t1 = Instant::now();
         let exe = client.compile(&mlir, &CompileOptions::new(devices))?;
         let compile_ms = t1.elapsed().as_secs_f64() * 1e3;
-        let layout = program.layout;
-        if batch.len() != layout.batch.len() {
-            return Err(Error::Invalid(format!(
-                "the model takes {} batch arrays ({}) but {} were given",
-                layout.batch.len(),
-                layout
-                    .batch
-                    .iter()
-                    .map(|(n, t)| format!("{n}: {t}"))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                batch.len()
-            )));
-        }
-        for ((name, ty), a) in layout.batch.iter().zip(batch) {
-            let want: Vec<usize> = ty.shape.iter().map(|&d| d as usize).collect();
-            if a.shape() != want.as_slice() {
-                return Err(Error::Invalid(format!(
-                    "batch array `{name}` has shape {:?} but the model expects {ty}",
-                    a.shape()
-                )));
-            }
-        }
-        let mut per_leaf = Vec::new();
-        for (_, a) in params.leaves() {
-            per_leaf.push(client.replicate(a.data(), &dims(a))?);
-        }
-        let params_dev = transpose(per_leaf, devices);
-        let key_dev = client.replicate(&key.data(), &[2])?;
-        let gen_dev = client.replicate(&[generation], &[])?;
-        let mut per_batch = Vec::new();
-        for a in batch {
-            per_batch.push(client.replicate(a.data(), &dims(a))?);
-        }
-        let batch_dev = transpose(per_batch, devices);
+        let state = DeviceState::upload(
+            client,
+            devices,
+            program.layout,
+            params,
+            key,
+            batch,
+            generation,
+        )?;
         Ok(Trainer {
             client: client.clone(),
             exe,
             mlir,
-            layout,
-            template: params.clone(),
-            params: params_dev,
-            key: key_dev,
-            generation: gen_dev,
-            batch: batch_dev,
-            generation_host: generation,
+            state,
             per_dispatch: per_dispatch_u32,
             times: BuildTimes {
                 emit_ms,
@@ -165,40 +116,20 @@ impl Trainer {
 
     /// Executes the program on the current state (the state buffers are donated).
     fn dispatch(&self) -> Result<Vec<Vec<Buffer>>, Error> {
-        let args: Vec<Vec<&Buffer>> = (0..self.params.len())
-            .map(|d| {
-                let mut a: Vec<&Buffer> = self.params[d].iter().collect();
-                a.push(&self.key[d]);
-                a.push(&self.generation[d]);
-                a.extend(self.batch[d].iter());
-                a
-            })
+        let args: Vec<Vec<&Buffer>> = (0..self.state.devices())
+            .map(|d| self.state.args(d, true))
             .collect();
         Ok(self.exe.execute(&args)?)
     }
 
     fn absorb(&mut self, outs: Vec<Vec<Buffer>>) -> Result<Vec<f32>, Error> {
-        let nl = self.layout.leaves.len();
-        let mut fitness_shards = Vec::with_capacity(outs.len());
-        for (d, mut out) in outs.into_iter().enumerate() {
-            let fit = out
-                .pop()
-                .ok_or_else(|| Error::Invalid("program returned no fitness".into()))?;
-            let gen = out
-                .pop()
-                .ok_or_else(|| Error::Invalid("program returned no generation".into()))?;
-            if out.len() != nl {
-                return Err(Error::Invalid(format!(
-                    "program returned {} parameter leaves, expected {nl}",
-                    out.len()
-                )));
-            }
-            self.params[d] = out;
-            self.generation[d] = gen;
-            fitness_shards.push(fit);
-        }
-        self.generation_host += self.per_dispatch;
-        Ok(gather_rows(&fitness_shards)?)
+        let fitness: Vec<Buffer> = self
+            .state
+            .absorb(outs, 1, self.per_dispatch)?
+            .into_iter()
+            .flatten()
+            .collect();
+        Ok(gather_rows(&fitness)?)
     }
 
     /// Runs `k` generations (a multiple of [`Trainer::generations_per_dispatch`]) and
@@ -225,17 +156,12 @@ impl Trainer {
 
     /// The generation the next step will run.
     pub fn generation(&self) -> u32 {
-        self.generation_host
+        self.state.generation_host
     }
 
     /// Copies the parameters back to the host (from device 0; every device holds the same).
     pub fn params(&self) -> Result<ParamTree, Error> {
-        let mut leaves = Vec::with_capacity(self.params[0].len());
-        for (b, l) in self.params[0].iter().zip(&self.layout.leaves) {
-            let shape: Vec<usize> = l.shape.iter().map(|&d| d as usize).collect();
-            leaves.push(Array::new(shape, b.to_host::<f32>()?)?);
-        }
-        Ok(ParamTree::from_leaves(&self.template, leaves)?)
+        self.state.params()
     }
 
     /// The generation program's MLIR text.
@@ -255,22 +181,11 @@ impl Trainer {
 
     /// The program layout.
     pub fn layout(&self) -> &Layout {
-        &self.layout
+        &self.state.layout
     }
 
     /// The client the state lives on.
     pub fn client(&self) -> &Client {
         &self.client
     }
-}
-
-/// `[leaf][device]` → `[device][leaf]`.
-fn transpose(per_item: Vec<Vec<Buffer>>, devices: usize) -> Vec<Vec<Buffer>> {
-    let mut out: Vec<Vec<Buffer>> = (0..devices).map(|_| Vec::new()).collect();
-    for item in per_item {
-        for (d, b) in item.into_iter().enumerate().take(devices) {
-            out[d].push(b);
-        }
-    }
-    out
 }
