@@ -1165,7 +1165,9 @@ impl Strategy for ZeroNoise {
         // not the inference of n members this program stands for. `id · 0` is not folded
         // for floats (NaN semantics), so each member keeps its own weights.
         let f = dirs.func();
-        let z = dirs.convert(crate::builder::DType::F32)?.mul(&f.scalar(0.0f32)?)?;
+        let z = dirs
+            .convert(crate::builder::DType::F32)?
+            .mul(&f.scalar(0.0f32)?)?;
         Ok(Noise::Dense(z.broadcast_in_dim(&shape, &[0])?))
     }
 }
