@@ -463,6 +463,41 @@ fn dims(lb: &[usize], rb: &[usize], lc: &[usize], rc: &[usize]) -> DotDims {
     }
 }
 
+/// Carries an [`EsError`] out of a builder region closure (regions can only fail with
+/// [`HloError`]): the closure's error is kept here and returned once the region is built.
+struct Stash(RefCell<Option<EsError>>);
+
+impl Stash {
+    fn new() -> Self {
+        Stash(RefCell::new(None))
+    }
+
+    /// Runs `f` inside a region, stashing its error and handing the builder a summary.
+    fn run<T>(
+        &self,
+        op: &str,
+        f: impl FnOnce() -> Result<T, EsError>,
+    ) -> crate::builder::Result<T> {
+        f().map_err(|e| {
+            let reason = e.to_string();
+            *self.0.borrow_mut() = Some(e);
+            HloError::InvalidAttribute {
+                op: op.into(),
+                types: String::new(),
+                reason,
+            }
+        })
+    }
+
+    /// The region's result, the stashed error first.
+    fn finish<T>(self, r: crate::builder::Result<T>) -> Result<T, EsError> {
+        match self.0.into_inner() {
+            Some(e) => Err(e),
+            None => Ok(r?),
+        }
+    }
+}
+
 /// Direction ids and signs of a block of member ids (`u32[c]`, aligned to the pairing):
 /// `dirs = ids[::p] / p` (`u32[c/p]`), `signs` f32[c] (+1, or −1 for odd mirrored members).
 fn directions(ids: &Value, p: i64) -> Result<(Value, Value), EsError> {
@@ -654,9 +689,9 @@ impl ShardedES {
         }
         let init = f.full(0.0f32, &fshape)?;
         let steps = (local / c) as i32;
-        let err: RefCell<Option<EsError>> = RefCell::new(None);
+        let stash = Stash::new();
         let out = f.fori_loop(0, steps, &[&init], |i, carried| {
-            let run = || -> Result<Value, EsError> {
+            stash.run("apply", || -> Result<Vec<Value>, EsError> {
                 let start = i.mul(&f.scalar(c as i32)?)?;
                 let ids_c = ids.dynamic_slice(&[&start], &[c])?;
                 let (dirs, signs) = directions(&ids_c, p)?;
@@ -676,25 +711,10 @@ impl ShardedES {
                 } else {
                     vec![&start]
                 };
-                Ok(carried[0].dynamic_update_slice(&fit, &starts)?)
-            };
-            match run() {
-                Ok(v) => Ok(vec![v]),
-                Err(e) => {
-                    let msg = e.to_string();
-                    *err.borrow_mut() = Some(e);
-                    Err(HloError::InvalidAttribute {
-                        op: "apply".into(),
-                        types: String::new(),
-                        reason: msg,
-                    })
-                }
-            }
+                Ok(vec![carried[0].dynamic_update_slice(&fit, &starts)?])
+            })
         });
-        if let Some(e) = err.into_inner() {
-            return Err(e);
-        }
-        Ok(out?.remove(0))
+        Ok(stash.finish(out)?.remove(0))
     }
 
     /// `tell`'s contraction `u_j = Σ_i w_i s_i ε_j(i)` over the given members (local ids
@@ -729,9 +749,9 @@ impl ShardedES {
             .collect::<Result<_, _>>()?;
         let init_refs: Vec<&Value> = inits.iter().collect();
         let steps = (count / p / cd) as i32;
-        let err: RefCell<Option<EsError>> = RefCell::new(None);
+        let stash = Stash::new();
         let out = f.fori_loop(0, steps, &init_refs, |i, acc| {
-            let run = || -> Result<Vec<Value>, EsError> {
+            stash.run("tell", || -> Result<Vec<Value>, EsError> {
                 let start = i.mul(&f.scalar(cd as i32)?)?;
                 let dirs = dirs_all.dynamic_slice(&[&start], &[cd])?;
                 let k = coef.dynamic_slice(&[&start], &[cd])?;
@@ -753,21 +773,9 @@ impl ShardedES {
                     next.push(u.add(&term)?);
                 }
                 Ok(next)
-            };
-            run().map_err(|e| {
-                let msg = e.to_string();
-                *err.borrow_mut() = Some(e);
-                HloError::InvalidAttribute {
-                    op: "tell".into(),
-                    types: String::new(),
-                    reason: msg,
-                }
             })
         });
-        if let Some(e) = err.into_inner() {
-            return Err(e);
-        }
-        Ok(out?)
+        stash.finish(out)
     }
 
     /// The layout for `model`; the fitness columns come from the model (the shaping's
@@ -865,31 +873,17 @@ impl ShardedES {
         let tasks = layout.tasks;
         let out_rank = if tasks > 1 { 2 } else { 1 };
         let nl = params.len();
-        let err: RefCell<Option<EsError>> = RefCell::new(None);
+        let stash = Stash::new();
         let out = f.manual_computation(&inputs, &in_sh, &[Sharding::split(out_rank, 0)?], |loc| {
-            self.apply_local(
-                model,
-                &loc[0],
-                &loc[1],
-                &loc[2..2 + nl],
-                &loc[2 + nl..],
-                layout,
-            )
-            .map(|v| vec![v])
-            .map_err(|e| {
-                let msg = e.to_string();
-                *err.borrow_mut() = Some(e);
-                HloError::InvalidAttribute {
-                    op: "apply".into(),
-                    types: String::new(),
-                    reason: msg,
-                }
+            stash.run("apply", || {
+                let (ids, key) = (&loc[0], &loc[1]);
+                let (params, batch) = (&loc[2..2 + nl], &loc[2 + nl..]);
+                Ok(vec![
+                    self.apply_local(model, ids, key, params, batch, layout)?
+                ])
             })
         });
-        if let Some(e) = err.into_inner() {
-            return Err(e);
-        }
-        Ok(out?.remove(0))
+        Ok(stash.finish(out)?.remove(0))
     }
 
     /// `tell`: shaped weights → new parameters `θ − lr/(nσ) · u`.
@@ -918,32 +912,21 @@ impl ShardedES {
             .map(|l| Sharding::replicated(l.shape.len()))
             .collect();
         let how = self.how;
-        let err: RefCell<Option<EsError>> = RefCell::new(None);
+        let stash = Stash::new();
         let u = f.manual_computation(&inputs, &in_sh, &out_sh, |loc| {
-            let run = || -> Result<Vec<Value>, EsError> {
+            stash.run("tell", || -> Result<Vec<Value>, EsError> {
                 let u = self.contract_local(&loc[0], &loc[1], &loc[2], &layout.leaves)?;
                 match how {
                     How::B => u.iter().map(|v| Ok(v.all_reduce_sum()?)).collect(),
                     How::A => Ok(u),
                 }
-            };
-            run().map_err(|e| {
-                let msg = e.to_string();
-                *err.borrow_mut() = Some(e);
-                HloError::InvalidAttribute {
-                    op: "tell".into(),
-                    types: String::new(),
-                    reason: msg,
-                }
             })
         });
-        if let Some(e) = err.into_inner() {
-            return Err(e);
-        }
+        let u = stash.finish(u)?;
         let scale = f.scalar(self.update_scale())?;
         params
             .iter()
-            .zip(u?)
+            .zip(u)
             .map(|(theta, u)| Ok(theta.sub(&u.mul(&scale)?)?))
             .collect()
     }
@@ -1017,9 +1000,9 @@ impl ShardedES {
         let mut init: Vec<&Value> = params.iter().collect();
         init.push(&generation);
         init.push(&fit0);
-        let err: RefCell<Option<EsError>> = RefCell::new(None);
+        let stash = Stash::new();
         let out = f.fori_loop(0, steps, &init, |_, c| {
-            let run = || -> Result<Vec<Value>, EsError> {
+            stash.run("generations", || -> Result<Vec<Value>, EsError> {
                 let (base_key, next) = self.ask(&key, &c[nl])?;
                 let fitness = self.apply(model, &layout, &base_key, &c[..nl], &batch)?;
                 let weights = self.shape_fitness(&fitness)?;
@@ -1027,21 +1010,9 @@ impl ShardedES {
                 out.push(next);
                 out.push(fitness);
                 Ok(out)
-            };
-            run().map_err(|e| {
-                let msg = e.to_string();
-                *err.borrow_mut() = Some(e);
-                HloError::InvalidAttribute {
-                    op: "generations".into(),
-                    types: String::new(),
-                    reason: msg,
-                }
             })
         });
-        if let Some(e) = err.into_inner() {
-            return Err(e);
-        }
-        let out = out?;
+        let out = stash.finish(out)?;
         for (p, l) in out[..nl].iter().zip(&layout.leaves) {
             f.output_sharded(p, &Sharding::replicated(l.shape.len()))?;
         }
