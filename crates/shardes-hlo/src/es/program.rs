@@ -424,7 +424,7 @@ pub struct Layout {
 }
 
 impl Layout {
-    /// Index of the `key` argument (u32[2]).
+    /// Index of the `key` argument (`u32[2]`).
     pub fn key_arg(&self) -> usize {
         self.leaves.len()
     }

@@ -111,7 +111,7 @@ pub trait Strategy {
         None
     }
 
-    /// Emits the unit noise of directions `dirs` (u32[d]) for `leaf`, whose per-leaf stream
+    /// Emits the unit noise of directions `dirs` (`u32[d]`) for `leaf`, whose per-leaf stream
     /// key is `stream` (`fold_in(base_key, j)`).
     fn noise(&self, stream: &Keys, leaf: &LeafInfo, dirs: &Value) -> Result<Noise>;
 }
