@@ -19,6 +19,7 @@ run() {  # run NAME FILE TEST-ARGS...: mutate FILE, kill with the given cargo te
   local left=$(( deadline - $(date +%s) ))
   if [ "$left" -le 60 ]; then echo "mutants: budget spent before $name"; return; fi
   echo "mutants: $name ($file), $((left / 60)) min left"
+  mkdir -p "mutants.out/$name"
   timeout "$left" cargo mutants --no-shuffle -p shardes-hlo -f "$file" \
     --output "mutants.out/$name" --timeout 300 "$@" || true
 }

@@ -252,6 +252,10 @@ mod tests {
             ("mirrored()", "exactly one strategy"),
             ("lowrank(r=1) x", "unexpected text"),
             ("lowrank(r=x)", "non-negative integer"),
+            // Both found by mutation testing (docs/mutants.md): a missing comma between
+            // arguments, and a string that ends inside the arguments.
+            ("lowrank(r=1 r=2)", "expected ',' or ')'"),
+            ("lowrank(r=1", "expected ',' or ')'"),
             ("", "expected a strategy name"),
         ] {
             let e = text.parse::<StrategySpec>().unwrap_err().to_string();
