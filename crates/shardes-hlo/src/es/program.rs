@@ -937,6 +937,25 @@ impl ShardedES {
         Ok(self.shaping.weights(&rep)?)
     }
 
+    /// One generation, ask + apply + tell: `(params'…, generation + 1, fitness)`.
+    fn one_generation(
+        &self,
+        model: &dyn Model,
+        layout: &Layout,
+        key: &Value,
+        params: &[Value],
+        generation: &Value,
+        batch: &[Value],
+    ) -> Result<Vec<Value>, EsError> {
+        let (base_key, next) = self.ask(key, generation)?;
+        let fitness = self.apply(model, layout, &base_key, params, batch)?;
+        let weights = self.shape_fitness(&fitness)?;
+        let mut out = self.tell(layout, &base_key, params, &weights)?;
+        out.push(next);
+        out.push(fitness);
+        Ok(out)
+    }
+
     /// The generation program: `(params…, key, generation, batch…) → (params'…,
     /// generation + 1, fitness)`. Params and generation are donated; the key is unchanged.
     pub fn generation_program(
@@ -944,23 +963,7 @@ impl ShardedES {
         model: &dyn Model,
         leaves: &[LeafInfo],
     ) -> Result<Program, EsError> {
-        self.check_leaves(leaves)?;
-        self.member_chunk()?;
-        let layout = self.layout(model, leaves)?;
-        let mut module = Module::with_mesh("generation", Mesh::pop(self.devices as i64)?);
-        let f = module.func("main");
-        let (params, key, generation, batch) = self.state_args(&f, &layout)?;
-        let (base_key, next) = self.ask(&key, &generation)?;
-        let fitness = self.apply(model, &layout, &base_key, &params, &batch)?;
-        let weights = self.shape_fitness(&fitness)?;
-        let new_params = self.tell(&layout, &base_key, &params, &weights)?;
-        for (p, l) in new_params.iter().zip(&layout.leaves) {
-            f.output_sharded(p, &Sharding::replicated(l.shape.len()))?;
-        }
-        f.output_sharded(&next, &Sharding::replicated(0))?;
-        f.output_sharded(&fitness, &Sharding::split(fitness.rank(), 0)?)?;
-        module.add(f.finish()?)?;
-        Ok(Program { module, layout })
+        self.generation_program_multi(model, leaves, 1)
     }
 
     /// `k` generations in one program: the same arguments and results as
@@ -974,9 +977,6 @@ impl ShardedES {
         leaves: &[LeafInfo],
         k: usize,
     ) -> Result<Program, EsError> {
-        if k == 1 {
-            return self.generation_program(model, leaves);
-        }
         let steps = i32::try_from(k).ok().filter(|&s| s > 0).ok_or_else(|| {
             invalid(
                 format!("{k} generations per dispatch"),
@@ -993,26 +993,21 @@ impl ShardedES {
         if layout.tasks > 1 {
             fshape.push(layout.tasks as i64);
         }
-        let fit0 = f
-            .full(0.0f32, &fshape)?
-            .shard(&Sharding::split(fshape.len(), 0)?)?;
         let nl = params.len();
-        let mut init: Vec<&Value> = params.iter().collect();
-        init.push(&generation);
-        init.push(&fit0);
-        let stash = Stash::new();
-        let out = f.fori_loop(0, steps, &init, |_, c| {
-            stash.run("generations", || -> Result<Vec<Value>, EsError> {
-                let (base_key, next) = self.ask(&key, &c[nl])?;
-                let fitness = self.apply(model, &layout, &base_key, &c[..nl], &batch)?;
-                let weights = self.shape_fitness(&fitness)?;
-                let mut out = self.tell(&layout, &base_key, &c[..nl], &weights)?;
-                out.push(next);
-                out.push(fitness);
-                Ok(out)
-            })
-        });
-        let out = stash.finish(out)?;
+        let out = if steps == 1 {
+            self.one_generation(model, &layout, &key, &params, &generation, &batch)?
+        } else {
+            self.generation_loop(
+                model,
+                &layout,
+                &key,
+                &params,
+                &generation,
+                &batch,
+                &fshape,
+                steps,
+            )?
+        };
         for (p, l) in out[..nl].iter().zip(&layout.leaves) {
             f.output_sharded(p, &Sharding::replicated(l.shape.len()))?;
         }
@@ -1020,6 +1015,37 @@ impl ShardedES {
         f.output_sharded(&out[nl + 1], &Sharding::split(fshape.len(), 0)?)?;
         module.add(f.finish()?)?;
         Ok(Program { module, layout })
+    }
+
+    /// `steps` generations as a `while` loop carrying the parameters, the generation and
+    /// the last fitness.
+    #[allow(clippy::too_many_arguments)]
+    fn generation_loop(
+        &self,
+        model: &dyn Model,
+        layout: &Layout,
+        key: &Value,
+        params: &[Value],
+        generation: &Value,
+        batch: &[Value],
+        fshape: &[i64],
+        steps: i32,
+    ) -> Result<Vec<Value>, EsError> {
+        let f = key.func();
+        let fit0 = f
+            .full(0.0f32, fshape)?
+            .shard(&Sharding::split(fshape.len(), 0)?)?;
+        let nl = params.len();
+        let mut init: Vec<&Value> = params.iter().collect();
+        init.push(generation);
+        init.push(&fit0);
+        let stash = Stash::new();
+        let out = f.fori_loop(0, steps, &init, |_, c| {
+            stash.run("generations", || {
+                self.one_generation(model, layout, key, &c[..nl], &c[nl], batch)
+            })
+        });
+        stash.finish(out)
     }
 
     /// The split mode's first half: `(params…, key, generation, batch…) → fitness`, nothing
