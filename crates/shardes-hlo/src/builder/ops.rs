@@ -1360,18 +1360,7 @@ impl Value {
             f.scalar_of(self.dtype(), init)?
         };
         let out = f.reduce(&[self], &[&init], dims, |a| {
-            let p = P::new()
-                .t(format!("stablehlo.{mlir} "))
-                .v(&a[0])
-                .t(", ")
-                .v(&a[1])
-                .t(format!(" : {}", a[0].ty));
-            Ok(vec![a[0].func().emit1(
-                op,
-                &[&a[0], &a[1]],
-                p,
-                a[0].ty.clone(),
-            )?])
+            Ok(vec![combiner(op, mlir, &a[0], &a[1])?])
         })?;
         out.into_iter()
             .next()
@@ -1557,4 +1546,16 @@ impl Value {
     pub fn scatter_add_rows(&self, ids: &Value, updates: &Value) -> Result<Value> {
         self.scatter_rows_with("scatter_add_rows", ids, updates, true)
     }
+}
+
+/// `stablehlo.{mlir} a, b` on two scalars of one type: the body of a reduction or
+/// collective region.
+pub(crate) fn combiner(op: &str, mlir: &str, a: &Value, b: &Value) -> Result<Value> {
+    let p = P::new()
+        .t(format!("stablehlo.{mlir} "))
+        .v(a)
+        .t(", ")
+        .v(b)
+        .t(format!(" : {}", a.ty));
+    a.func().emit1(op, &[a, b], p, a.ty.clone())
 }

@@ -52,18 +52,7 @@ impl Value {
             terminator: "stablehlo.return",
         };
         let (block, _) = f.region(op, spec, &[scal.clone(), scal], |a| {
-            let p = P::new()
-                .t(format!("stablehlo.{combiner} "))
-                .v(&a[0])
-                .t(", ")
-                .v(&a[1])
-                .t(format!(" : {}", a[0].ty));
-            Ok(vec![a[0].func().emit1(
-                op,
-                &[&a[0], &a[1]],
-                p,
-                a[0].ty.clone(),
-            )?])
+            Ok(vec![super::ops::combiner(op, combiner, &a[0], &a[1])?])
         })?;
         let ch = f.next_channel();
         let p = P::new().t("\"stablehlo.all_reduce\"(").v(self).t(format!(
