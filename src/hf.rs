@@ -107,6 +107,20 @@ pub enum HfError {
         /// The dtype in the file.
         dtype: String,
     },
+    /// `config.json` asks for a feature the forward does not implement.
+    #[error(
+        "{}: `{field}` = {value} is not supported (shardes implements Qwen2 with SiLU, full \
+         attention and default rotary embeddings); use a checkpoint without it",
+        path.display()
+    )]
+    Unsupported {
+        /// The `config.json` path.
+        path: PathBuf,
+        /// The field.
+        field: String,
+        /// Its value.
+        value: String,
+    },
     /// Assembling the tree failed.
     #[error(transparent)]
     Param(#[from] ParamError),
@@ -122,8 +136,22 @@ struct RawConfig {
     num_attention_heads: usize,
     num_key_value_heads: Option<usize>,
     rope_theta: Option<f64>,
+    /// transformers ≥ 5 writes the rotary settings here instead of `rope_theta`.
+    rope_parameters: Option<RopeParameters>,
+    /// transformers 4 spelling of non-default rotary scaling.
+    rope_scaling: Option<RopeParameters>,
     rms_norm_eps: Option<f64>,
     tie_word_embeddings: Option<bool>,
+    hidden_act: Option<String>,
+    use_sliding_window: Option<bool>,
+}
+
+#[derive(Deserialize)]
+struct RopeParameters {
+    rope_theta: Option<f64>,
+    rope_type: Option<String>,
+    #[serde(rename = "type")]
+    kind: Option<String>,
 }
 
 /// Parses a Hugging Face Qwen2 `config.json` text. Missing optional fields take the
@@ -143,6 +171,35 @@ pub fn parse_config(text: &str, path: &Path) -> Result<Qwen2Config, HfError> {
             });
         }
     }
+    let unsupported = |field: &str, value: String| HfError::Unsupported {
+        path: path.to_path_buf(),
+        field: field.to_string(),
+        value,
+    };
+    if let Some(act) = raw.hidden_act.as_deref() {
+        if act != "silu" {
+            return Err(unsupported("hidden_act", act.to_string()));
+        }
+    }
+    if raw.use_sliding_window == Some(true) {
+        return Err(unsupported("use_sliding_window", "true".into()));
+    }
+    for (field, rope) in [
+        ("rope_parameters", &raw.rope_parameters),
+        ("rope_scaling", &raw.rope_scaling),
+    ] {
+        if let Some(kind) = rope
+            .as_ref()
+            .and_then(|r| r.rope_type.as_deref().or(r.kind.as_deref()))
+        {
+            if kind != "default" {
+                return Err(unsupported(field, format!("rope_type \"{kind}\"")));
+            }
+        }
+    }
+    let rope_theta = raw
+        .rope_theta
+        .or_else(|| raw.rope_parameters.as_ref().and_then(|r| r.rope_theta));
     let c = Qwen2Config {
         vocab_size: raw.vocab_size,
         hidden_size: raw.hidden_size,
@@ -150,7 +207,7 @@ pub fn parse_config(text: &str, path: &Path) -> Result<Qwen2Config, HfError> {
         num_hidden_layers: raw.num_hidden_layers,
         num_attention_heads: raw.num_attention_heads,
         num_key_value_heads: raw.num_key_value_heads.unwrap_or(raw.num_attention_heads),
-        rope_theta: raw.rope_theta.unwrap_or(10_000.0),
+        rope_theta: rope_theta.unwrap_or(10_000.0),
         rms_norm_eps: raw.rms_norm_eps.unwrap_or(1e-6),
         tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
     };
@@ -334,5 +391,39 @@ mod tests {
         assert!(e.to_string().contains("llama"), "{e}");
         let e = parse_config(r#"{"vocab_size":64}"#, p).expect_err("incomplete");
         assert!(e.to_string().contains("hidden_size"), "{e}");
+    }
+
+    #[test]
+    fn rope_settings_in_both_spellings_and_unsupported_features() {
+        let p = Path::new("config.json");
+        let base = r#""model_type":"qwen2","vocab_size":64,"hidden_size":16,
+            "intermediate_size":32,"num_hidden_layers":1,"num_attention_heads":2"#;
+        let parse = |extra: &str| parse_config(&format!("{{{base},{extra}}}"), p);
+        // transformers 4 (published Qwen2.5 checkpoints) and transformers 5.
+        let v4 = parse(r#""rope_theta":1000000.0,"rope_scaling":null,"hidden_act":"silu","use_sliding_window":false"#)
+            .expect("v4 config");
+        assert_eq!(v4.rope_theta, 1e6);
+        let v5 = parse(r#""rope_parameters":{"rope_theta":500.0,"rope_type":"default"}"#)
+            .expect("v5 config");
+        assert_eq!(v5.rope_theta, 500.0);
+        for (extra, field) in [
+            (
+                r#""rope_scaling":{"type":"yarn","factor":4.0}"#,
+                "rope_scaling",
+            ),
+            (
+                r#""rope_parameters":{"rope_theta":1.0,"rope_type":"linear"}"#,
+                "rope_parameters",
+            ),
+            (r#""hidden_act":"gelu""#, "hidden_act"),
+            (r#""use_sliding_window":true"#, "use_sliding_window"),
+        ] {
+            let e = parse(extra).expect_err(extra);
+            assert!(
+                matches!(&e, HfError::Unsupported { field: f, .. } if f == field),
+                "{e}"
+            );
+            assert!(e.to_string().contains("not supported"), "{e}");
+        }
     }
 }

@@ -41,6 +41,18 @@ pub enum TokenizerError {
         /// The sequence length.
         seq: usize,
     },
+    /// A line of a prompt/target JSONL file is malformed.
+    #[error("{}:{line}: {message}; {fix}", path.display())]
+    Data {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line number (0: the file as a whole).
+        line: usize,
+        /// What is wrong.
+        message: String,
+        /// How to fix it.
+        fix: String,
+    },
     /// A token id does not fit an i32 program input.
     #[error("token id {id} does not fit in i32; the vocabulary is too large")]
     IdRange {
@@ -101,6 +113,114 @@ impl Tokenizer {
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
     }
+}
+
+/// A `(prompt, target)` pair of token ids.
+pub type Example = (Vec<u32>, Vec<u32>);
+
+/// One line of a prompt/target JSONL file: text (tokenized on load) or token ids.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExampleLine {
+    prompt: Option<String>,
+    target: Option<String>,
+    prompt_ids: Option<Vec<u32>>,
+    target_ids: Option<Vec<u32>>,
+}
+
+/// Reads `(prompt, target)` token pairs from a JSONL file, one example per line, either
+/// `{"prompt": "...", "target": "..."}` (encoded with `tokenizer`, no special tokens added)
+/// or `{"prompt_ids": [...], "target_ids": [...]}`. Blank lines are skipped. Every id must be
+/// below `vocab_size`, and every example needs a non-empty prompt and target.
+pub fn read_examples(
+    path: impl AsRef<Path>,
+    tokenizer: Option<&Tokenizer>,
+    vocab_size: usize,
+) -> Result<Vec<Example>, TokenizerError> {
+    let path = path.as_ref();
+    let err = |line: usize, message: String, fix: &str| TokenizerError::Data {
+        path: path.to_path_buf(),
+        line,
+        message,
+        fix: fix.to_string(),
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        err(
+            0,
+            format!("cannot read the data file: {e}"),
+            "check problem.data (relative paths start at the current directory)",
+        )
+    })?;
+    let mut out = Vec::new();
+    for (i, raw) in text.lines().enumerate() {
+        let line = i + 1;
+        if raw.trim().is_empty() {
+            continue;
+        }
+        let ex: ExampleLine = serde_json::from_str(raw).map_err(|e| {
+            err(
+                line,
+                format!("not a JSON example: {e}"),
+                "write one {\"prompt\": \"...\", \"target\": \"...\"} or \
+                 {\"prompt_ids\": [...], \"target_ids\": [...]} object per line",
+            )
+        })?;
+        let encode = |text: Option<String>, ids: Option<Vec<u32>>, what: &str| match (text, ids) {
+            (Some(_), Some(_)) => Err(err(
+                line,
+                format!("both `{what}` and `{what}_ids` are given"),
+                "keep one of the two",
+            )),
+            (None, Some(ids)) => Ok(ids),
+            (Some(text), None) => match tokenizer {
+                Some(t) => t.encode(&text, false),
+                None => Err(err(
+                    line,
+                    format!("`{what}` is text but there is no tokenizer"),
+                    "set problem.tokenizer (or load a checkpoint with a tokenizer.json), \
+                         or give token ids as `prompt_ids`/`target_ids`",
+                )),
+            },
+            (None, None) => Err(err(
+                line,
+                format!("missing `{what}`"),
+                "every line needs a prompt and a target",
+            )),
+        };
+        let prompt = encode(ex.prompt, ex.prompt_ids, "prompt")?;
+        let target = encode(ex.target, ex.target_ids, "target")?;
+        if prompt.is_empty() || target.is_empty() {
+            return Err(err(
+                line,
+                format!(
+                    "the example has {} prompt and {} target tokens",
+                    prompt.len(),
+                    target.len()
+                ),
+                "give every example at least one prompt and one target token",
+            ));
+        }
+        if let Some(&id) = prompt
+            .iter()
+            .chain(&target)
+            .find(|&&id| id as usize >= vocab_size)
+        {
+            return Err(err(
+                line,
+                format!("token id {id} is outside the model's vocabulary of {vocab_size}"),
+                "use the model's own tokenizer, or ids below vocab_size",
+            ));
+        }
+        out.push((prompt, target));
+    }
+    if out.is_empty() {
+        return Err(err(
+            0,
+            "the data file has no examples".into(),
+            "add at least one JSON line",
+        ));
+    }
+    Ok(out)
 }
 
 /// A teacher-forcing batch, row-major `[batch, seq]`: the inputs of the qwen2 loss.

@@ -6,12 +6,13 @@
 //! relative; greedy tokens exactly equal to the argmax of the full forward.
 
 use shardes::hlo::builder::{DType, Module, TensorType};
-use shardes::hlo::es::strategy::{LowRank, Mirrored};
-use shardes::hlo::es::{leaf_infos, Model, ModelParams, ShardedES};
-use shardes::hlo::params::ParamTree;
+use shardes::hlo::es::strategy::{from_spec, LowRank, Mirrored};
+use shardes::hlo::es::{leaf_infos, Model, ModelParams, ShardedES, StrategySpec};
+use shardes::hlo::params::{Array, ParamTree};
 use shardes::hlo::prng::key;
 use shardes::hlo::problems::qwen2::{Qwen2, Qwen2Config};
 use shardes::runtime::{gather_rows, Buffer, Client, CompileOptions};
+use shardes::Trainer;
 
 // ---------------------------------------------------------------------------------------
 // Host reference
@@ -518,4 +519,70 @@ fn es_generation_on_8_devices_has_finite_losses_and_matches_1_device() {
         .fold(0.0f32, f32::max);
     println!("1 vs 8 devices fitness max rel diff {worst:e}");
     assert!(worst <= 1e-5, "1 and 8 devices differ by {worst:e}");
+}
+
+#[test]
+fn every_strategy_one_generation_on_1_and_8_devices_agrees() {
+    // One generation on the tiny model (one layer, so the ten compilations stay short)
+    // under each strategy: 8 devices must give the 1-device fitness and update.
+    // Tolerance: 1e-5 relative on fitness, 1e-6 absolute on parameters (|θ| ~ 0.02).
+    let mut cfg = Qwen2Config::tiny();
+    cfg.num_hidden_layers = 1;
+    let params = cfg.init(key(3).unwrap(), 0.02).unwrap();
+    let (b, s, n) = (2usize, 6usize, 16usize);
+    let q = Qwen2::new(cfg.clone(), b, s);
+    let whole = |v: Vec<i32>| v.into_iter().map(|x| x as f32).collect::<Vec<f32>>();
+    let batch = vec![
+        Array::new(vec![b, s], whole(ids(b * s, cfg.vocab_size, 4))).unwrap(),
+        Array::new(vec![b, s], whole(ids(b * s, cfg.vocab_size, 5))).unwrap(),
+        Array::new(vec![b, s], vec![1.0; b * s]).unwrap(),
+    ];
+    let client = Client::cpu(8).expect("cpu client");
+    for spec in [
+        "lowrank(r=2)",
+        "mirrored(lowrank(r=1))",
+        "seed_regenerated(chunk=4)",
+        "mirrored(seed_regenerated(chunk=2))",
+        "iid_gaussian",
+    ] {
+        let spec: StrategySpec = spec.parse().expect("strategy");
+        let mut results = Vec::new();
+        for devices in [1usize, 8] {
+            let es = ShardedES::new(from_spec(&spec), n, 0.02, 0.01, devices)
+                .expect("es")
+                .with_member_chunk(Some(2));
+            let mut t = Trainer::new(&client, &es, &q, &params, key(9).unwrap(), &batch, 0)
+                .unwrap_or_else(|e| panic!("{spec} on {devices}: {e}"));
+            let fit = t.step().expect("step");
+            assert_eq!(fit.len(), n);
+            assert!(fit.iter().all(|x| x.is_finite()), "{spec}: {fit:?}");
+            results.push((fit, t.params().expect("params")));
+        }
+        let (f1, p1) = &results[0];
+        let (f8, p8) = &results[1];
+        let fit_err = f1
+            .iter()
+            .zip(f8)
+            .map(|(a, b)| (a - b).abs() / a.abs())
+            .fold(0.0f32, f32::max);
+        let mut par_err = 0.0f32;
+        let mut moved = 0.0f32;
+        for ((_, a), (_, c)) in p1.leaves().into_iter().zip(p8.leaves()) {
+            for (x, y) in a.data().iter().zip(c.data()) {
+                par_err = par_err.max((x - y).abs());
+            }
+        }
+        for ((_, a), (_, o)) in p1.leaves().into_iter().zip(params.leaves()) {
+            for (x, y) in a.data().iter().zip(o.data()) {
+                moved = moved.max((x - y).abs());
+            }
+        }
+        println!("{spec}: 1 vs 8 devices fitness {fit_err:e}, params {par_err:e}; moved {moved:e}");
+        assert!(fit_err <= 1e-5, "{spec}: fitness differs by {fit_err:e}");
+        assert!(par_err <= 1e-6, "{spec}: parameters differ by {par_err:e}");
+        assert!(
+            moved > 1e-5,
+            "{spec}: the update did not move the parameters"
+        );
+    }
 }

@@ -104,9 +104,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     };
     let variants: Vec<ShardedES> = hows.iter().map(|&h| make_es(h)).collect::<Result<_>>()?;
     let tb = TransformerBlock {
-        d_model: config.problem.d_model,
-        batch: config.problem.batch,
-        seq: config.problem.seq,
+        d_model: config.problem.d_model(),
+        batch: config.problem.batch(),
+        seq: config.problem.seq(),
     };
     let k = key(config.run.seed)?;
     let params = tb.init(k)?;

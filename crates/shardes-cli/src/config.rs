@@ -44,20 +44,109 @@ pub struct Config {
 }
 
 /// `[problem]`.
+///
+/// `transformer_block` reads `d_model`, `batch` and `seq`. `qwen2` reads `checkpoint` (a
+/// Hugging Face directory) or `size` (random init), `data` (JSONL of prompt/target pairs),
+/// optional `tokenizer`, `compute_dtype`, `batch` and `seq`. A key that the named problem
+/// does not read is refused.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ProblemConfig {
-    /// Problem name: `transformer_block`.
+    /// Problem name: `transformer_block` or `qwen2`.
     pub name: String,
-    /// Model width.
-    #[serde(default = "default_d_model")]
-    pub d_model: usize,
-    /// Sequences per batch.
-    #[serde(default = "default_batch")]
-    pub batch: usize,
-    /// Tokens per sequence.
-    #[serde(default = "default_seq")]
-    pub seq: usize,
+    /// Model width (transformer_block; default 64).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub d_model: Option<usize>,
+    /// Sequences per batch (transformer_block: default 8; qwen2: the number of examples
+    /// in `data`, which it must equal when given).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<usize>,
+    /// Tokens per sequence (transformer_block: default 32; qwen2: default the longest
+    /// example's prompt + target − 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seq: Option<usize>,
+    /// qwen2: a Hugging Face checkpoint directory (`config.json`, `*.safetensors`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<PathBuf>,
+    /// qwen2: a preset (`tiny`, `0.5b`, `1.5b`) with random parameters, instead of a checkpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<String>,
+    /// qwen2: a JSONL file, one example per line: `{"prompt": "...", "target": "..."}`
+    /// (needs a tokenizer) or `{"prompt_ids": [...], "target_ids": [...]}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<PathBuf>,
+    /// qwen2: a `tokenizer.json` (default: the checkpoint's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenizer: Option<PathBuf>,
+    /// qwen2: the forward's dtype, `f32` (default) or `bf16`; the master and the fitness stay f32.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_dtype: Option<String>,
+}
+
+impl ProblemConfig {
+    /// transformer_block's model width.
+    pub fn d_model(&self) -> usize {
+        self.d_model.unwrap_or(64)
+    }
+
+    /// transformer_block's sequences per batch.
+    pub fn batch(&self) -> usize {
+        self.batch.unwrap_or(8)
+    }
+
+    /// transformer_block's tokens per sequence.
+    pub fn seq(&self) -> usize {
+        self.seq.unwrap_or(32)
+    }
+
+    fn check_keys_for_problem(&self) -> Result<(), ConfigError> {
+        let given = [
+            ("d_model", self.d_model.is_some()),
+            ("checkpoint", self.checkpoint.is_some()),
+            ("size", self.size.is_some()),
+            ("data", self.data.is_some()),
+            ("tokenizer", self.tokenizer.is_some()),
+            ("compute_dtype", self.compute_dtype.is_some()),
+        ];
+        let reads: &[&str] = match self.name.as_str() {
+            "qwen2" => &["checkpoint", "size", "data", "tokenizer", "compute_dtype"],
+            _ => &["d_model"],
+        };
+        if let Some((key, _)) = given.iter().find(|(k, g)| *g && !reads.contains(k)) {
+            return Err(cfg_err(
+                format!("problem.{key} does not apply to problem \"{}\"", self.name),
+                format!(
+                    "remove it; {} reads: batch, seq, {}",
+                    self.name,
+                    reads.join(", ")
+                ),
+            ));
+        }
+        if self.name != "qwen2" {
+            return Ok(());
+        }
+        match (&self.checkpoint, &self.size) {
+            (Some(_), Some(_)) => Err(cfg_err(
+                "problem.checkpoint and problem.size are both set",
+                "keep one: checkpoint = \"DIR\" loads a model, size = \"tiny\" draws one at random",
+            )),
+            (None, None) => Err(cfg_err(
+                "problem \"qwen2\" needs problem.checkpoint or problem.size",
+                "add checkpoint = \"DIR\" (a Hugging Face directory) or size = \"tiny\", \"0.5b\" or \"1.5b\"",
+            )),
+            _ if self.data.is_none() => Err(cfg_err(
+                "problem \"qwen2\" needs problem.data",
+                "add data = \"FILE.jsonl\" with one {\"prompt\": ..., \"target\": ...} per line",
+            )),
+            _ => match self.compute_dtype.as_deref() {
+                None | Some("f32") | Some("bf16") => Ok(()),
+                Some(other) => Err(cfg_err(
+                    format!("problem.compute_dtype: unknown dtype \"{other}\""),
+                    "use \"f32\" or \"bf16\"",
+                )),
+            },
+        }
+    }
 }
 
 /// `[es]`.
@@ -104,15 +193,6 @@ pub struct RunConfig {
 fn default_devices() -> usize {
     8
 }
-fn default_d_model() -> usize {
-    64
-}
-fn default_batch() -> usize {
-    8
-}
-fn default_seq() -> usize {
-    32
-}
 fn default_strategy() -> String {
     "mirrored(lowrank(r=1))".into()
 }
@@ -132,7 +212,17 @@ fn default_checkpoint_every() -> usize {
 /// Valid keys per table, for unknown-key suggestions. Keep in sync with the structs above;
 /// a test checks that every key here deserializes.
 const TOP_KEYS: &[&str] = &["plugin", "devices", "problem", "es", "run"];
-const PROBLEM_KEYS: &[&str] = &["name", "d_model", "batch", "seq"];
+const PROBLEM_KEYS: &[&str] = &[
+    "name",
+    "d_model",
+    "batch",
+    "seq",
+    "checkpoint",
+    "size",
+    "data",
+    "tokenizer",
+    "compute_dtype",
+];
 const ES_KEYS: &[&str] = &[
     "strategy",
     "n",
@@ -147,7 +237,7 @@ const RUN_KEYS: &[&str] = &["seed", "generations", "out", "checkpoint_every"];
 /// Shapings the CLI accepts.
 pub const SHAPINGS: &[&str] = &["centered_ranks", "centered", "group_relative", "none"];
 /// Problems the CLI knows.
-pub const PROBLEMS: &[&str] = &["transformer_block"];
+pub const PROBLEMS: &[&str] = &["transformer_block", "qwen2"];
 
 fn nearest<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
     candidates
@@ -268,10 +358,11 @@ impl Config {
                 hint,
             ));
         }
+        self.problem.check_keys_for_problem()?;
         for (key, v) in [
-            ("problem.d_model", self.problem.d_model),
-            ("problem.batch", self.problem.batch),
-            ("problem.seq", self.problem.seq),
+            ("problem.d_model", self.problem.d_model.unwrap_or(1)),
+            ("problem.batch", self.problem.batch.unwrap_or(1)),
+            ("problem.seq", self.problem.seq.unwrap_or(1)),
             ("devices", self.devices),
             ("es.n", self.es.n),
             ("run.generations", self.run.generations),

@@ -93,9 +93,9 @@ fn measure(config: &Config, spec: &StrategySpec, client: &Client) -> Result<Diag
     .with_how(how)
     .with_member_chunk(config.es.member_chunk);
     let tb = TransformerBlock {
-        d_model: config.problem.d_model,
-        batch: config.problem.batch,
-        seq: config.problem.seq,
+        d_model: config.problem.d_model(),
+        batch: config.problem.batch(),
+        seq: config.problem.seq(),
     };
     let params = tb.init(key(config.run.seed)?)?;
     let t0 = Instant::now();
@@ -159,7 +159,10 @@ pub fn run(args: &DiagArgs) -> Result<()> {
     let first = &entries[0];
     println!(
         "{} n={} devices={} d_model={}",
-        first.strategy, config.es.n, config.devices, config.problem.d_model
+        first.strategy,
+        config.es.n,
+        config.devices,
+        config.problem.d_model()
     );
     println!(
         "{:<28}{:>8}{:>10}{:>10}{:>12}{:>12}{:>12}",

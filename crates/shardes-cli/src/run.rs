@@ -330,13 +330,10 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
     let tty = std::io::stdout().is_terminal();
     let spec = config.strategy()?;
     println!(
-        "shardes run {}\n  problem  {} (d_model {}, batch {}, seq {}): {} parameters in {} leaves\n  \
+        "shardes run {}\n  problem  {}: {} parameters in {} leaves\n  \
          es       {spec}, n {}, sigma {}, lr {}, {}, how {}\n  devices  {} × {} ({})\n  out      {}",
         args.config.display(),
-        config.problem.name,
-        config.problem.d_model,
-        config.problem.batch,
-        config.problem.seq,
+        s.summary,
         s.params.num_params(),
         s.params.num_leaves(),
         config.es.n,

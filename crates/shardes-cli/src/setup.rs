@@ -10,12 +10,15 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context;
+use shardes::hlo::builder::DType;
 use shardes::hlo::es::strategy::from_spec;
 use shardes::hlo::es::{shaping, How, Model, ShardedES};
 use shardes::hlo::params::{Array, ParamTree};
 use shardes::hlo::prng::{fold_in, key, Key};
+use shardes::hlo::problems::qwen2::{Qwen2, Qwen2Config};
 use shardes::hlo::problems::transformer_block::TransformerBlock;
 use shardes::runtime::{Client, ClientOptions, Plugin};
+use shardes::tokenizer::{lm_batch, read_examples, Tokenizer, TokenizerError};
 
 use crate::config::{Config, ConfigError, PROBLEMS, SHAPINGS};
 
@@ -31,6 +34,8 @@ pub struct Problem {
     pub key: Key,
     /// The batch arrays in [`Model::batch_types`] order.
     pub batch: Vec<Array>,
+    /// One line describing the model and batch, for run headers.
+    pub summary: String,
 }
 
 /// Everything a run needs: the [`Problem`] and a client to run it on.
@@ -47,6 +52,8 @@ pub struct Setup {
     pub key: Key,
     /// The batch arrays in [`Model::batch_types`] order.
     pub batch: Vec<Array>,
+    /// One line describing the model and batch, for run headers.
+    pub summary: String,
     /// The PJRT client (plugin from the config, or the provisioned CPU plugin).
     pub client: Client,
 }
@@ -98,13 +105,13 @@ pub fn problem(config: &Config) -> anyhow::Result<Problem> {
             "use a seed below 2^63",
         )
     })?;
-    let (model, params, batch): (Box<dyn Model>, ParamTree, Vec<Array>) =
+    let (model, params, batch, summary): (Box<dyn Model>, ParamTree, Vec<Array>, String) =
         match config.problem.name.as_str() {
             "transformer_block" => {
                 let tb = TransformerBlock {
-                    d_model: config.problem.d_model,
-                    batch: config.problem.batch,
-                    seq: config.problem.seq,
+                    d_model: config.problem.d_model(),
+                    batch: config.problem.batch(),
+                    seq: config.problem.seq(),
                 };
                 let params = tb
                     .init(k)
@@ -112,7 +119,15 @@ pub fn problem(config: &Config) -> anyhow::Result<Problem> {
                 let b = tb
                     .make_batch(fold_in(k, 1))
                     .context("drawing the transformer_block batch")?;
-                (Box::new(tb), params, vec![b.x, b.target])
+                let summary = format!(
+                    "transformer_block (d_model {}, batch {}, seq {})",
+                    tb.d_model, tb.batch, tb.seq
+                );
+                (Box::new(tb), params, vec![b.x, b.target], summary)
+            }
+            "qwen2" => {
+                let q = qwen2(config, k)?;
+                (Box::new(q.model), q.params, q.batch, q.summary)
             }
             other => {
                 return Err(user(
@@ -128,6 +143,142 @@ pub fn problem(config: &Config) -> anyhow::Result<Problem> {
         params,
         key: k,
         batch,
+        summary,
+    })
+}
+
+struct Qwen2Problem {
+    model: Qwen2,
+    params: ParamTree,
+    batch: Vec<Array>,
+    summary: String,
+}
+
+/// The qwen2 problem of `config`: a checkpoint (or a random preset), its tokenizer and the
+/// teacher-forcing batch of every example in `problem.data`.
+fn qwen2(config: &Config, k: Key) -> anyhow::Result<Qwen2Problem> {
+    let pc = &config.problem;
+    let (cfg, params, origin) = match (&pc.checkpoint, &pc.size) {
+        (Some(dir), _) => {
+            let (cfg, params) = shardes::hf::load_checkpoint(dir).map_err(|e| {
+                user(
+                    format!("problem.checkpoint: {e}"),
+                    "point problem.checkpoint at a Hugging Face Qwen2 directory (config.json and \
+                     model.safetensors or model.safetensors.index.json with its shards)",
+                )
+            })?;
+            (cfg, params, format!("checkpoint {}", dir.display()))
+        }
+        (None, Some(size)) => {
+            let cfg = Qwen2Config::by_size(size).map_err(|e| {
+                user(
+                    format!("problem.size: {e}"),
+                    "use size = \"tiny\", \"0.5b\" or \"1.5b\"",
+                )
+            })?;
+            let params = cfg
+                .init(k, 0.02)
+                .context("initialising random qwen2 parameters")?;
+            (cfg, params, format!("random {size}"))
+        }
+        (None, None) => {
+            return Err(user(
+                "problem \"qwen2\" needs problem.checkpoint or problem.size",
+                "add checkpoint = \"DIR\" or size = \"tiny\"",
+            )
+            .into())
+        }
+    };
+    let tokenizer_path = pc
+        .tokenizer
+        .clone()
+        .or_else(|| pc.checkpoint.as_ref().map(|d| d.join("tokenizer.json")));
+    let tokenizer = match &tokenizer_path {
+        // A checkpoint without a tokenizer.json is fine as long as the data holds ids.
+        Some(path) if pc.tokenizer.is_some() || path.is_file() => {
+            Some(Tokenizer::from_file(path).map_err(|e| {
+                user(
+                    format!("problem.tokenizer: {e}"),
+                    "point problem.tokenizer at a tokenizer.json of the `tokenizers` library",
+                )
+            })?)
+        }
+        _ => None,
+    };
+    let data = pc.data.as_ref().ok_or_else(|| {
+        user(
+            "problem \"qwen2\" needs problem.data",
+            "add data = \"FILE.jsonl\"",
+        )
+    })?;
+    let examples =
+        read_examples(data, tokenizer.as_ref(), cfg.vocab_size).map_err(|e| match e {
+            TokenizerError::Data {
+                path,
+                line,
+                message,
+                fix,
+            } => user(
+                format!("problem.data {}:{line}: {message}", path.display()),
+                fix,
+            ),
+            other => user(
+                format!("problem.data: {other}"),
+                "check the data file against the tokenizer",
+            ),
+        })?;
+    if let Some(b) = pc.batch {
+        if b != examples.len() {
+            return Err(user(
+                format!(
+                    "problem.batch = {b} but {} holds {} examples",
+                    data.display(),
+                    examples.len()
+                ),
+                "remove problem.batch (the batch is every example in the data file) or make \
+                 the two agree",
+            )
+            .into());
+        }
+    }
+    let longest = examples
+        .iter()
+        .map(|(p, t)| p.len() + t.len() - 1)
+        .max()
+        .unwrap_or(1);
+    let seq = pc.seq.unwrap_or(longest);
+    let lm = lm_batch(&examples, seq, 0).map_err(|e| {
+        user(
+            format!("problem.seq = {seq}: {e}"),
+            "raise problem.seq or remove it (the default fits the longest example)",
+        )
+    })?;
+    let dtype = match pc.compute_dtype.as_deref() {
+        Some("bf16") => DType::BF16,
+        _ => DType::F32,
+    };
+    let whole = |v: &[i32]| -> Vec<f32> { v.iter().map(|&x| x as f32).collect() };
+    let shape = vec![lm.batch, lm.seq];
+    let batch = vec![
+        Array::new(shape.clone(), whole(&lm.ids))?,
+        Array::new(shape.clone(), whole(&lm.targets))?,
+        Array::new(shape, lm.mask.clone())?,
+    ];
+    let summary = format!(
+        "qwen2 ({origin}: {} layers, d {}, vocab {}, {}; batch {}, seq {}, {} target tokens)",
+        cfg.num_hidden_layers,
+        cfg.hidden_size,
+        cfg.vocab_size,
+        if dtype == DType::BF16 { "bf16" } else { "f32" },
+        lm.batch,
+        lm.seq,
+        lm.mask.iter().sum::<f32>()
+    );
+    Ok(Qwen2Problem {
+        model: Qwen2::new(cfg, lm.batch, lm.seq).with_compute_dtype(dtype),
+        params,
+        batch,
+        summary,
     })
 }
 
@@ -175,6 +326,7 @@ pub fn build(config: &Config) -> anyhow::Result<Setup> {
         params: p.params,
         key: p.key,
         batch: p.batch,
+        summary: p.summary,
         client,
     })
 }

@@ -89,3 +89,26 @@ pub fn state(out: &Path) -> serde_json::Value {
     let text = std::fs::read_to_string(out.join("state.json")).expect("reading state.json");
     serde_json::from_str(&text).expect("state.json is JSON")
 }
+
+/// Runs `shardes <args>` and checks: exit code 2, an `error:` line containing `what`, and a
+/// `hint:` line containing `hint`.
+pub fn refused(args: &[&str], what: &str, hint: &str) {
+    let o = shardes(args);
+    let (stdout, stderr) = text(&o);
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "{args:?}: stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    let lines: Vec<&str> = stderr.lines().collect();
+    let err = lines
+        .iter()
+        .find(|l| l.starts_with("error: "))
+        .unwrap_or_else(|| panic!("no error line in {stderr}"));
+    assert!(err.contains(what), "{err:?} does not say {what:?}");
+    let h = lines
+        .iter()
+        .find(|l| l.trim_start().starts_with("hint: "))
+        .unwrap_or_else(|| panic!("no hint line in {stderr}"));
+    assert!(h.contains(hint), "{h:?} does not say {hint:?}");
+}

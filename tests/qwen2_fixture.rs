@@ -1,0 +1,112 @@
+//! The Qwen2 forward, greedy decoding, checkpoint loading and tokenizer against the reference
+//! implementation: a tiny random model saved by Hugging Face `transformers` with its outputs
+//! (`tests/fixtures/qwen2_tiny/`, written by `tools/qwen2_fixture.py`).
+//!
+//! Tolerances: logits ≤ 1e-4 absolute (f32 against PyTorch f32); greedy tokens and token
+//! ids exactly equal.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use shardes::hf::load_checkpoint;
+use shardes::hlo::builder::Module;
+use shardes::hlo::params::ParamTree;
+use shardes::hlo::problems::qwen2::{Qwen2, Qwen2Config};
+use shardes::runtime::{Buffer, Client, CompileOptions};
+use shardes::tokenizer::Tokenizer;
+
+#[derive(Deserialize)]
+struct Expected {
+    prompts: Vec<String>,
+    prompt_ids: Vec<Vec<u32>>,
+    max_new_tokens: usize,
+    greedy: Vec<Vec<i32>>,
+    greedy_min_margin: f64,
+    ids: Vec<Vec<i32>>,
+    logits_shape: Vec<usize>,
+    logits: Vec<f32>,
+}
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen2_tiny")
+}
+
+fn expected() -> Expected {
+    let text = std::fs::read_to_string(fixture().join("expected.json")).expect("expected.json");
+    serde_json::from_str(&text).expect("parse expected.json")
+}
+
+fn run1(c: &Client, m: &Module, tree: &ParamTree, input: &[i32], shape: &[usize]) -> Buffer {
+    let exe = c
+        .compile(&m.to_mlir(), &CompileOptions::new(1))
+        .unwrap_or_else(|e| panic!("compile failed: {e}"));
+    let mut args: Vec<Buffer> = tree
+        .leaves()
+        .into_iter()
+        .map(|(_, a)| c.buffer_from_host(a.data(), a.shape(), 0).expect("upload"))
+        .collect();
+    args.push(c.buffer_from_host(input, shape, 0).expect("ids"));
+    let refs: Vec<&Buffer> = args.iter().collect();
+    exe.execute(&[refs]).expect("execute").remove(0).remove(0)
+}
+
+#[test]
+fn checkpoint_config_is_the_tiny_preset() {
+    let (cfg, tree) = load_checkpoint(fixture()).expect("load the transformers checkpoint");
+    // transformers 5 writes rope_theta inside `rope_parameters`; it must still be read.
+    assert_eq!(cfg, Qwen2Config::tiny());
+    assert_eq!(tree.num_leaves(), cfg.param_shapes().len());
+}
+
+#[test]
+fn logits_match_transformers() {
+    let want = expected();
+    let (cfg, tree) = load_checkpoint(fixture()).expect("load");
+    let (b, s) = (want.ids.len(), want.ids[0].len());
+    assert_eq!(want.logits_shape, [b, s, cfg.vocab_size]);
+    let ids: Vec<i32> = want.ids.concat();
+    let client = Client::cpu(1).expect("cpu client");
+    let m = Qwen2::new(cfg, b, s)
+        .logits_program(&tree)
+        .expect("build logits");
+    let got = run1(&client, &m, &tree, &ids, &[b, s])
+        .to_host::<f32>()
+        .expect("logits");
+    assert_eq!(got.len(), want.logits.len());
+    let worst = got
+        .iter()
+        .zip(&want.logits)
+        .map(|(g, w)| (g - w).abs())
+        .fold(0.0f32, f32::max);
+    let scale = want.logits.iter().map(|w| w.abs()).fold(0.0f32, f32::max);
+    println!("logits vs transformers: max abs err {worst:e} (max |logit| {scale})");
+    assert!(worst <= 1e-4, "logits off by {worst:e}");
+}
+
+#[test]
+fn greedy_tokens_match_transformers_generate() {
+    let want = expected();
+    let (cfg, tree) = load_checkpoint(fixture()).expect("load");
+    // The reference's argmax never hinged on a near tie, so f32 noise cannot flip a token.
+    assert!(want.greedy_min_margin > 1e-3, "{}", want.greedy_min_margin);
+    let client = Client::cpu(1).expect("cpu client");
+    for (prompt, greedy) in want.prompt_ids.iter().zip(&want.greedy) {
+        let ids: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
+        let m = Qwen2::new(cfg.clone(), 1, ids.len())
+            .greedy_program(&tree, ids.len(), want.max_new_tokens)
+            .expect("build greedy");
+        let got = run1(&client, &m, &tree, &ids, &[1, ids.len()])
+            .to_host::<i32>()
+            .expect("tokens");
+        assert_eq!(&got, greedy, "prompt {prompt:?}");
+    }
+}
+
+#[test]
+fn tokenizer_matches_the_tokenizers_library() {
+    let want = expected();
+    let tok = Tokenizer::from_checkpoint(fixture()).expect("tokenizer.json");
+    for (text, ids) in want.prompts.iter().zip(&want.prompt_ids) {
+        assert_eq!(&tok.encode(text, true).expect("encode"), ids, "{text:?}");
+    }
+}
