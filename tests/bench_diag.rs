@@ -55,3 +55,33 @@ fn op_counts_reads_results_and_bare_ops() {
     assert_eq!(c.get("stablehlo.return"), Some(&1));
     assert_eq!(c.get("func.func"), Some(&1));
 }
+
+fn qwen2_ops(layers: usize) -> usize {
+    use shardes::hlo::problems::qwen2::{Qwen2, Qwen2Config};
+    let mut cfg = Qwen2Config::tiny();
+    cfg.num_hidden_layers = layers;
+    let params = cfg.init(key(0).unwrap(), 0.02).unwrap();
+    let es = ShardedES::new(
+        Box::new(Mirrored(Box::new(LowRank { r: 1 }))),
+        16,
+        0.01,
+        0.01,
+        2,
+    )
+    .unwrap();
+    let program = es
+        .generation_program(&Qwen2::new(cfg, 2, 4), &leaf_infos(&params))
+        .unwrap();
+    op_counts(&program.module.to_mlir()).values().sum()
+}
+
+#[test]
+fn emitted_op_count_grows_linearly_with_depth() {
+    // Every layer adds the same ops (its forward, its leaves' noise and update): the cost
+    // of depth is linear, with no per-layer term that grows with the layer count.
+    let ops: Vec<usize> = [1, 2, 4].iter().map(|&l| qwen2_ops(l)).collect();
+    println!("qwen2 tiny, 1/2/4 layers: {ops:?} emitted ops");
+    let per_layer = ops[1] - ops[0];
+    assert!(per_layer > 0);
+    assert_eq!(ops[2] - ops[1], 2 * per_layer, "{ops:?}");
+}

@@ -1,8 +1,9 @@
 //! `shardes diag CONFIG`: what the generation program costs to build and compile.
 //!
-//! For the config's program, and for the same program at ranks 1, 4 and 16 (low-rank
-//! strategies): emitted op counts by kind, emission time, XLA compile time, the optimized
-//! program's instruction count, its collectives and the plugin's memory statistics.
+//! For the config's program, for the same program at ranks 1, 4 and 16 (low-rank
+//! strategies) and, for qwen2 configs, for the same model with 1, 2, 4 and 8 layers:
+//! emitted op counts by kind, emission time, XLA compile time, the optimized program's
+//! instruction count, its collectives and the plugin's memory statistics.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -11,13 +12,12 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use shardes::bench::{hlo_opcode_counts, op_counts};
 use shardes::hlo::es::spec::StrategySpec;
-use shardes::hlo::es::strategy::from_spec;
-use shardes::hlo::es::{leaf_infos, shaping, How, ShardedES};
-use shardes::hlo::prng::key;
-use shardes::hlo::problems::transformer_block::TransformerBlock;
+use shardes::hlo::es::{leaf_infos, Model, ShardedES};
+use shardes::hlo::params::ParamTree;
 use shardes::runtime::{Client, CompileOptions};
 
 use crate::config::Config;
+use crate::setup;
 
 /// Arguments of `shardes diag`.
 #[derive(Debug, Clone, clap::Args)]
@@ -30,6 +30,10 @@ pub struct DiagArgs {
     /// Ranks to sweep for low-rank strategies (comma separated).
     #[arg(long, default_value = "1,4,16", value_delimiter = ',')]
     pub ranks: Vec<usize>,
+    /// Layer counts to sweep for qwen2 configs (comma separated; random weights of the
+    /// config's shapes). transformer_block is a single block and has no depth.
+    #[arg(long, default_value = "1,2,4,8", value_delimiter = ',')]
+    pub depths: Vec<usize>,
 }
 
 /// One program's build and compile cost.
@@ -37,6 +41,9 @@ pub struct DiagArgs {
 pub struct DiagEntry {
     /// The strategy.
     pub strategy: String,
+    /// Decoder layers (qwen2 depth sweep), else absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub layers: Option<usize>,
     /// Emitted ops in total.
     pub emitted_ops: usize,
     /// Emitted ops by kind.
@@ -71,39 +78,26 @@ fn with_rank(spec: &StrategySpec, r: usize) -> Option<StrategySpec> {
     }
 }
 
-fn measure(config: &Config, spec: &StrategySpec, client: &Client) -> Result<DiagEntry> {
-    let how = match config.es.how.to_ascii_uppercase().as_str() {
-        "A" => How::A,
-        _ => How::B,
-    };
-    let shaping = shaping::by_name(&config.es.shaping).with_context(|| {
-        format!(
-            "es.shaping = {:?} is not a known shaping",
-            config.es.shaping
-        )
-    })?;
-    let es = ShardedES::new(
-        from_spec(spec),
-        config.es.n,
-        config.es.sigma,
-        config.es.lr,
-        config.devices,
-    )?
-    .with_shaping(shaping)
-    .with_how(how)
-    .with_member_chunk(config.es.member_chunk);
-    let tb = TransformerBlock {
-        d_model: config.problem.d_model(),
-        batch: config.problem.batch(),
-        seq: config.problem.seq(),
-    };
-    let params = tb.init(key(config.run.seed)?)?;
+/// The config's ES with `spec` as its strategy.
+fn es_with(config: &Config, spec: &StrategySpec) -> Result<ShardedES> {
+    let mut c = config.clone();
+    c.es.strategy = spec.to_string();
+    Ok(setup::problem(&c)?.es)
+}
+
+fn measure(
+    es: &ShardedES,
+    model: &dyn Model,
+    params: &ParamTree,
+    client: &Client,
+    layers: Option<usize>,
+) -> Result<DiagEntry> {
     let t0 = Instant::now();
-    let program = es.generation_program(&tb, &leaf_infos(&params))?;
+    let program = es.generation_program(model, &leaf_infos(params))?;
     let mlir = program.module.to_mlir();
     let emit_ms = t0.elapsed().as_secs_f64() * 1e3;
     let t1 = Instant::now();
-    let exe = client.compile(&mlir, &CompileOptions::new(config.devices))?;
+    let exe = client.compile(&mlir, &CompileOptions::new(es.devices()))?;
     let compile_ms = t1.elapsed().as_secs_f64() * 1e3;
     let hlo = exe.optimized_hlo()?;
     let by_op = hlo_opcode_counts(&hlo);
@@ -117,7 +111,8 @@ fn measure(config: &Config, spec: &StrategySpec, client: &Client) -> Result<Diag
     let mem = exe.compiled_memory_stats().unwrap_or_default();
     let emitted = op_counts(&mlir);
     Ok(DiagEntry {
-        strategy: spec.to_string(),
+        strategy: es.strategy().name(),
+        layers,
         emitted_ops: emitted.values().sum(),
         emitted_by_kind: emitted,
         mlir_bytes: mlir.len(),
@@ -135,12 +130,6 @@ fn measure(config: &Config, spec: &StrategySpec, client: &Client) -> Result<Diag
 /// Runs `shardes diag`.
 pub fn run(args: &DiagArgs) -> Result<()> {
     let config = Config::load(&args.config)?;
-    if config.problem.name != "transformer_block" {
-        bail!(
-            "shardes diag builds transformer_block programs only, got problem `{}`",
-            config.problem.name
-        );
-    }
     let client = match &config.plugin {
         None => Client::cpu(config.devices)?,
         Some(p) => bail!(
@@ -149,30 +138,39 @@ pub fn run(args: &DiagArgs) -> Result<()> {
         ),
     };
     let spec = config.strategy()?;
-    let mut entries = vec![measure(&config, &spec, &client)?];
+    let p = setup::problem(&config)?;
+    let mut entries = vec![measure(&p.es, &*p.model, &p.params, &client, None)?];
     for &r in &args.ranks {
         match with_rank(&spec, r) {
-            Some(s) if s != spec => entries.push(measure(&config, &s, &client)?),
+            Some(s) if s != spec => {
+                let es = es_with(&config, &s)?;
+                entries.push(measure(&es, &*p.model, &p.params, &client, None)?)
+            }
             _ => {}
+        }
+    }
+    if config.problem.name == "qwen2" {
+        for &layers in &args.depths {
+            let (model, params) = setup::qwen2_at_depth(&config, layers)?;
+            entries.push(measure(&p.es, &model, &params, &client, Some(layers))?);
         }
     }
     let first = &entries[0];
     println!(
-        "{} n={} devices={} d_model={}",
-        first.strategy,
-        config.es.n,
-        config.devices,
-        config.problem.d_model()
+        "{}, n={} devices={}: {}",
+        first.strategy, config.es.n, config.devices, p.summary
     );
     println!(
-        "{:<28}{:>8}{:>10}{:>10}{:>12}{:>12}{:>12}",
-        "strategy", "ops", "emit ms", "comp ms", "opt instr", "temp MiB", "collectives"
+        "{:<28}{:>7}{:>8}{:>10}{:>10}{:>12}{:>12}{:>12}",
+        "strategy", "layers", "ops", "emit ms", "comp ms", "opt instr", "temp MiB", "collectives"
     );
     for e in &entries {
         let coll: usize = e.collectives.values().sum();
+        let layers = e.layers.map_or_else(|| "-".to_string(), |l| l.to_string());
         println!(
-            "{:<28}{:>8}{:>10.1}{:>10.0}{:>12}{:>12.2}{:>12}",
+            "{:<28}{:>7}{:>8}{:>10.1}{:>10.0}{:>12}{:>12.2}{:>12}",
             e.strategy,
+            layers,
             e.emitted_ops,
             e.emit_ms,
             e.compile_ms,

@@ -147,6 +147,21 @@ pub fn problem(config: &Config) -> anyhow::Result<Problem> {
     })
 }
 
+/// The qwen2 model of `config` with `layers` decoder layers and random parameters of its
+/// shapes (for compile-cost sweeps over depth).
+pub fn qwen2_at_depth(config: &Config, layers: usize) -> anyhow::Result<(Qwen2, ParamTree)> {
+    let k = key(config.run.seed).context("run.seed")?;
+    let q = qwen2(config, k)?;
+    let mut cfg = q.model.config.clone();
+    cfg.num_hidden_layers = layers;
+    let params = cfg
+        .init(k, 0.02)
+        .with_context(|| format!("initialising a {layers}-layer qwen2"))?;
+    let model =
+        Qwen2::new(cfg, q.model.batch, q.model.seq).with_compute_dtype(q.model.compute_dtype);
+    Ok((model, params))
+}
+
 struct Qwen2Problem {
     model: Qwen2,
     params: ParamTree,

@@ -102,3 +102,54 @@ fn devices_with_an_explicit_plugin_path() {
     assert!(stdout.contains(&format!("plugin     {path}")), "{stdout}");
     assert!(stdout.contains("devices    2"), "{stdout}");
 }
+
+#[test]
+fn diag_reports_flat_rank_and_linear_depth_for_qwen2() {
+    let d = tempfile::tempdir().unwrap();
+    let data = write(
+        d.path(),
+        "d.jsonl",
+        "{\"prompt_ids\": [1, 2], \"target_ids\": [3, 4]}\n",
+    );
+    let c = write(
+        d.path(),
+        "q.toml",
+        &format!(
+            "devices = 2\n[problem]\nname = \"qwen2\"\nsize = \"tiny\"\ndata = \"{}\"\n\
+             [es]\nstrategy = \"mirrored(lowrank(r=1))\"\nn = 8\nsigma = 0.01\nlr = 0.01\n\
+             [run]\ngenerations = 1\nout = \"{}\"\n",
+            data.display(),
+            d.path().join("out").display()
+        ),
+    );
+    let json = d.path().join("diag.json");
+    let o = shardes(&[
+        "diag",
+        &c.to_string_lossy(),
+        "--ranks",
+        "4",
+        "--depths",
+        "1",
+        "--json",
+        &json.to_string_lossy(),
+    ]);
+    let (stdout, stderr) = text(&o);
+    assert!(o.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("layers"), "{stdout}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let e = v.as_array().expect("a list of entries");
+    assert_eq!(e.len(), 3, "config, r = 4, 1 layer: {v}");
+    let ops = |i: usize| e[i]["emitted_ops"].as_u64().unwrap();
+    assert_eq!(e[1]["strategy"], "mirrored(lowrank(r=4))");
+    assert_eq!(ops(0), ops(1), "op count must not grow with r");
+    assert_eq!(e[2]["layers"], 1);
+    assert!(
+        ops(2) < ops(0),
+        "1 layer has fewer ops than the tiny model's 2"
+    );
+    for x in e {
+        assert!(x["compile_ms"].as_f64().unwrap() > 0.0);
+        assert!(x["optimized_instructions"].as_u64().unwrap() > 0);
+    }
+}
