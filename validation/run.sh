@@ -8,6 +8,8 @@
 # Plugins come from the Python package registry through pip, pinned, into validation/.venv:
 #   CUDA: jax-cuda12-pjrt + jax-cuda12-plugin[with_cuda] (the NVIDIA runtime packages)
 #   TPU:  libtpu
+# and shardes finds them there through `--plugin cuda` / `--plugin tpu` with
+# SHARDES_PYTHON=validation/.venv/bin/python (the same lookup as `plugin = "cuda"` in a config).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=validation/report.json
@@ -39,18 +41,19 @@ if [ "${1:-}" = "--cpu" ]; then
 elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q GPU; then
   echo "validation: $(nvidia-smi -L | wc -l) NVIDIA GPU(s) found; provisioning the CUDA plugin"
   venv "$CUDA_PJRT" "$CUDA_LIBS"
-  plugin=$(find_so 'xla_cuda_plugin.so')
-  [ -n "$plugin" ] || { echo "validation: the CUDA plugin was not found in validation/.venv after pip install"; exit 1; }
+  [ -n "$(find_so 'xla_cuda_plugin.so')" ] || { echo "validation: the CUDA plugin was not found in validation/.venv after pip install"; exit 1; }
+  plugin=cuda
 elif ls /dev/accel* >/dev/null 2>&1 || ls /dev/vfio/[0-9]* >/dev/null 2>&1; then
   echo "validation: TPU devices found; provisioning libtpu"
   venv "$TPU_PJRT"
-  plugin=$(find_so 'libtpu.so')
-  [ -n "$plugin" ] || { echo "validation: libtpu.so was not found in validation/.venv after pip install"; exit 1; }
+  [ -n "$(find_so 'libtpu.so')" ] || { echo "validation: libtpu.so was not found in validation/.venv after pip install"; exit 1; }
+  plugin=tpu
 else
   skip "no GPU (nvidia-smi lists none) and no TPU (/dev/accel*) on this machine"
 fi
 if [ -n "$plugin" ]; then
-  echo "validation: plugin $plugin"
+  echo "validation: plugin $plugin (from validation/.venv)"
+  export SHARDES_PYTHON="$PWD/validation/.venv/bin/python"
   args+=(--plugin "$plugin")
 fi
 cargo run --release --example validate -- --out "$out" "${args[@]}"

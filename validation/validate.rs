@@ -2,7 +2,7 @@
 //! plugin is given, written as a small JSON report.
 //!
 //! ```text
-//! cargo run --release --example validate -- [--plugin PATH] [--cpu-devices N] [--out FILE]
+//! cargo run --release --example validate -- [--plugin cpu|cuda|tpu|PATH] [--cpu-devices N] [--out FILE]
 //! ```
 //!
 //! `validation/run.sh` finds the accelerator, provisions its plugin and calls this.
@@ -35,7 +35,7 @@ fn args() -> Res<Args> {
     while let Some(a) = it.next() {
         let mut val = || it.next().ok_or_else(|| format!("{a} needs a value"));
         match a.as_str() {
-            "--plugin" => plugin = Some(PathBuf::from(val()?)),
+            "--plugin" => plugin = Some(shardes::runtime::plugin::resolve(&val()?)?),
             "--cpu-devices" => cpu_devices = Some(val()?.parse()?),
             "--out" => out = PathBuf::from(val()?),
             other => {
@@ -45,7 +45,8 @@ fn args() -> Res<Args> {
             }
         }
     }
-    // Without a path: the default discovery (xla_extension/, then the provisioned CPU plugin).
+    // `cuda`/`tpu` resolve to the pinned plugins (found in the Python environment, else
+    // provisioned). Without --plugin: the default discovery (xla_extension/, then the provisioned CPU plugin).
     let plugin = match plugin {
         Some(p) => p,
         None => shardes::runtime::plugin::locate(None)?,

@@ -29,7 +29,7 @@ fn cfg_err(message: impl Into<String>, hint: impl Into<String>) -> ConfigError {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
-    /// PJRT plugin path (default: the provisioned CPU plugin).
+    /// PJRT plugin: `cpu` (default: the provisioned CPU plugin), `cuda`, `tpu`, or a path.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plugin: Option<String>,
     /// CPU devices to simulate (ignored by plugins with real devices).

@@ -18,17 +18,17 @@ pub struct HloArgs {
     /// and per-device shape.
     #[arg(long)]
     pub optimized: bool,
-    /// PJRT plugin library for `--optimized` (overrides the config's `plugin`).
+    /// PJRT plugin for `--optimized`: `cpu`, `cuda`, `tpu` or a path (overrides the config's).
     #[arg(long)]
-    pub plugin: Option<PathBuf>,
+    pub plugin: Option<String>,
 }
 
 /// Arguments of `shardes devices`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct DevicesArgs {
-    /// PJRT plugin library (default: the provisioned CPU plugin).
+    /// PJRT plugin: `cpu` (default: the provisioned CPU plugin), `cuda`, `tpu` or a path.
     #[arg(long)]
-    pub plugin: Option<PathBuf>,
+    pub plugin: Option<String>,
     /// CPU devices to simulate (ignored by plugins with real devices).
     #[arg(long, default_value_t = 8)]
     pub devices: usize,
@@ -54,7 +54,7 @@ pub fn generation_mlir(config: &Config) -> Result<String> {
 pub fn hlo(args: &HloArgs) -> Result<()> {
     let mut config = Config::load(&args.config)?;
     if let Some(p) = &args.plugin {
-        config.plugin = Some(p.to_string_lossy().into_owned());
+        config.plugin = Some(p.clone());
     }
     let mlir = generation_mlir(&config)?;
     if !args.optimized {

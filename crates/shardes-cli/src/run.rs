@@ -39,9 +39,9 @@ pub struct RunArgs {
     /// Overwrite an out directory that holds a run of another config.
     #[arg(long)]
     pub force: bool,
-    /// PJRT plugin library (overrides the config's `plugin`).
+    /// PJRT plugin: `cpu`, `cuda`, `tpu` or a path (overrides the config's `plugin`).
     #[arg(long)]
-    pub plugin: Option<PathBuf>,
+    pub plugin: Option<String>,
 }
 
 /// How a run ended.
@@ -229,7 +229,7 @@ fn install_interrupt() -> Result<Arc<AtomicBool>> {
 pub fn run(args: &RunArgs) -> Result<Outcome> {
     let mut config = Config::load(&args.config)?;
     if let Some(p) = &args.plugin {
-        config.plugin = Some(p.to_string_lossy().into_owned());
+        config.plugin = Some(p.clone());
     }
     let hash = config.trajectory_hash();
     let out = config.run.out.clone();

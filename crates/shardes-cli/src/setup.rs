@@ -17,6 +17,7 @@ use shardes::hlo::params::{Array, ParamTree};
 use shardes::hlo::prng::{fold_in, key, Key};
 use shardes::hlo::problems::qwen2::{Qwen2, Qwen2Config};
 use shardes::hlo::problems::transformer_block::TransformerBlock;
+use shardes::runtime::plugin::{CPU, NAMED};
 use shardes::runtime::{Client, ClientOptions, Plugin};
 use shardes::tokenizer::{lm_batch, read_examples, Tokenizer, TokenizerError};
 
@@ -297,36 +298,70 @@ fn qwen2(config: &Config, k: Key) -> anyhow::Result<Qwen2Problem> {
     })
 }
 
-/// A client for `config`: `Plugin::load(plugin)` with `devices` simulated CPU devices when the
-/// config names a plugin, else `Client::cpu(devices)` (discovery and provisioning as in
-/// `shardes::runtime::plugin::locate`).
+/// A client for `config`: see [`client_for`].
 pub fn client(config: &Config) -> anyhow::Result<Client> {
-    client_for(config.plugin.as_deref().map(Path::new), config.devices)
+    client_for(config.plugin.as_deref(), config.devices)
 }
 
-/// A client on `plugin` (or the default CPU plugin) asking for `devices` CPU devices.
-pub fn client_for(plugin: Option<&Path>, devices: usize) -> anyhow::Result<Client> {
-    match plugin {
-        Some(path) => {
+/// A client on `plugin` asking for `devices` simulated CPU devices where that applies.
+///
+/// `plugin` is `None` or `"cpu"` (the default discovery and the provisioned CPU plugin),
+/// `"cuda"` or `"tpu"` (the pinned accelerator plugins, found or provisioned as in
+/// `shardes::runtime::plugin::PinnedPlugin::locate`; their devices are real, so `devices`
+/// is not passed), or the path of any PJRT plugin library.
+pub fn client_for(plugin: Option<&str>, devices: usize) -> anyhow::Result<Client> {
+    let named = plugin.and_then(|p| NAMED.iter().find(|n| n.name.eq_ignore_ascii_case(p)));
+    match (plugin, named) {
+        (None, _) => {
+            Client::cpu(devices).context("creating a CPU client on the default PJRT plugin")
+        }
+        (Some(_), Some(n)) if n.name == CPU.name => {
+            Client::cpu(devices).context("creating a CPU client on the default PJRT plugin")
+        }
+        (Some(_), Some(n)) => {
+            let path = n.locate().map_err(|e| {
+                user(
+                    format!("plugin = \"{}\": {e}", n.name),
+                    format!(
+                        "the {} plugin needs {}; or set plugin to the path of a PJRT plugin .so",
+                        n.name, n.needs
+                    ),
+                )
+            })?;
+            let loaded = Plugin::load(&path)
+                .with_context(|| format!("loading the PJRT plugin {}", path.display()))?;
+            Client::new(loaded, ClientOptions::default()).with_context(|| {
+                format!(
+                    "creating a {} client on {} (it needs {})",
+                    n.name,
+                    path.display(),
+                    n.needs
+                )
+            })
+        }
+        (Some(p), None) => {
+            let path = Path::new(p);
             if !path.is_file() {
                 return Err(user(
                     format!("plugin `{}` does not exist", path.display()),
-                    "check the path (relative paths start at the current directory), or drop \
-                     `plugin`/--plugin to use the provisioned CPU plugin",
+                    "use plugin = \"cpu\", \"cuda\" or \"tpu\", or the path of a PJRT plugin .so \
+                     (relative paths start at the current directory)",
                 )
                 .into());
             }
-            let plugin: Arc<Plugin> = Plugin::load(path)
+            let loaded: Arc<Plugin> = Plugin::load(path)
                 .with_context(|| format!("loading the PJRT plugin {}", path.display()))?;
+            // Simulated devices are a CPU-plugin option; a plugin with real devices may
+            // refuse it, so ask again without it.
             Client::new(
-                plugin,
+                Arc::clone(&loaded),
                 ClientOptions {
                     cpu_device_count: Some(devices),
                 },
             )
+            .or_else(|_| Client::new(loaded, ClientOptions::default()))
             .with_context(|| format!("creating a PJRT client on {}", path.display()))
         }
-        None => Client::cpu(devices).context("creating a CPU client on the default PJRT plugin"),
     }
 }
 

@@ -153,3 +153,61 @@ fn diag_reports_flat_rank_and_linear_depth_for_qwen2() {
         assert!(x["optimized_instructions"].as_u64().unwrap() > 0);
     }
 }
+
+/// `--plugin cuda` finds the CUDA plugin where pip installs it (the `jax_plugins.xla_cuda12`
+/// package of the Python environment), and without one says what to install. The "CUDA
+/// plugin" here is the CPU plugin under the CUDA package's file name: this checks the
+/// lookup, not CUDA.
+#[test]
+fn named_cuda_plugin_is_found_in_the_python_environment_or_explained() {
+    let o = shardes(&["devices", "--devices", "1"]);
+    let (stdout, _) = text(&o);
+    let cpu = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("plugin     "))
+        .expect("a plugin line")
+        .to_string();
+    // A hard link (not a symlink, which the loader would resolve back to the CPU path) on
+    // the plugin's own file system, so nothing of its 250 MB is copied.
+    let cpu = std::path::Path::new(&cpu);
+    let site = tempfile::tempdir_in(cpu.parent().unwrap()).unwrap();
+    let pkg = site.path().join("jax_plugins/xla_cuda12");
+    std::fs::create_dir_all(&pkg).unwrap();
+    std::fs::write(
+        pkg.join("__init__.py"),
+        "raise ImportError('must not be imported')\n",
+    )
+    .unwrap();
+    std::fs::hard_link(cpu, pkg.join("xla_cuda_plugin.so"))
+        .or_else(|_| std::fs::copy(cpu, pkg.join("xla_cuda_plugin.so")).map(|_| ()))
+        .unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let o = bin()
+        .args(["devices", "--plugin", "cuda"])
+        .env("PYTHONPATH", site.path())
+        .env("SHARDES_CACHE_DIR", cache.path())
+        .env_remove("SHARDES_PJRT_CUDA")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{stdout}\n{stderr}");
+    let want = pkg.join("xla_cuda_plugin.so");
+    assert!(
+        stdout.contains(&format!("plugin     {}", want.display())),
+        "{stdout}\n{stderr}"
+    );
+
+    // Nothing installed and no Python to provision with: exit 2 naming what it needs.
+    let o = bin()
+        .args(["devices", "--plugin", "cuda"])
+        .env("SHARDES_PYTHON", "/nonexistent/python3")
+        .env("SHARDES_CACHE_DIR", cache.path())
+        .env_remove("SHARDES_PJRT_CUDA")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{stdout}\n{stderr}");
+    assert!(stderr.contains("plugin = \"cuda\""), "{stderr}");
+    assert!(stderr.contains("jax-cuda12-pjrt==0.12.0.1"), "{stderr}");
+    assert!(stderr.contains("NVIDIA driver"), "{stderr}");
+}

@@ -75,3 +75,43 @@ fn provisioning_fails_clearly_then_succeeds_concurrently() {
     // A second call is a no-op that returns the same file.
     assert_eq!(provision_into(cache.path()).unwrap(), want);
 }
+
+/// A pinned accelerator plugin provisions from the registry with its checksums, and loads
+/// as a PJRT plugin on a machine without the accelerator (a client then fails with an
+/// error, not a crash).
+fn provision_and_load(p: shardes_runtime::plugin::PinnedPlugin) {
+    use shardes_runtime::{Client, ClientOptions};
+    let cache = tempfile::tempdir().unwrap();
+    let t0 = std::time::Instant::now();
+    let so = p
+        .provision_into(cache.path())
+        .unwrap_or_else(|e| panic!("{}: {e}", p.name));
+    let provisioned = t0.elapsed();
+    assert_eq!(so, p.cached_path(cache.path()));
+    assert_eq!(sha256_hex(&so), p.so_sha256);
+    let plugin = Plugin::load(&so).unwrap_or_else(|e| panic!("{}: {e}", p.name));
+    println!(
+        "{}: provisioned in {:.1} s, PJRT API {:?}",
+        p.name,
+        provisioned.as_secs_f64(),
+        plugin.api_version()
+    );
+    match Client::new(plugin, ClientOptions::default()) {
+        Ok(c) => println!("{}: client with {} devices", p.name, c.devices().len()),
+        Err(e) => println!("{}: no client here: {e}", p.name),
+    }
+}
+
+/// Downloads 192 MB: `cargo test -p shardes-runtime --release --test provision -- --ignored`.
+#[test]
+#[ignore]
+fn cuda_plugin_provisions_with_its_pins_and_loads() {
+    provision_and_load(shardes_runtime::plugin::CUDA);
+}
+
+/// Downloads 205 MB; without a TPU, libtpu spends minutes asking for cloud metadata.
+#[test]
+#[ignore]
+fn tpu_plugin_provisions_with_its_pins_and_loads() {
+    provision_and_load(shardes_runtime::plugin::TPU);
+}

@@ -6,8 +6,8 @@
 mod provision;
 
 pub use provision::{
-    cache_root, cached_plugin_path, locate, provision, provision_into, PACKAGE, SO_PATH_IN_WHEEL,
-    SO_SHA256, VERSION, WHEEL_SHA256,
+    cache_root, cached_plugin_path, locate, provision, provision_into, resolve, PinnedPlugin, CPU,
+    CUDA, NAMED, PACKAGE, SO_PATH_IN_WHEEL, SO_SHA256, TPU, VERSION, WHEEL_SHA256,
 };
 
 use std::collections::HashMap;

@@ -9,19 +9,104 @@ use sha2::{Digest, Sha256};
 
 use crate::{Result, RuntimeError};
 
+/// A PJRT plugin pinned by package version and checksums, provisionable through pip.
+///
+/// The wheel is fetched with `python3 -m pip download --no-deps --require-hashes` (pinned
+/// version and wheel sha256, and `pip_select` flags that pick the same wheel whatever the
+/// local Python), the plugin library is extracted and its sha256 checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PinnedPlugin {
+    /// The name a config uses: `cpu`, `cuda` or `tpu`.
+    pub name: &'static str,
+    /// The Python package that ships the plugin.
+    pub package: &'static str,
+    /// Its pinned version.
+    pub version: &'static str,
+    /// sha256 of the pinned wheel.
+    pub wheel_sha256: &'static str,
+    /// Path of the plugin library inside the wheel.
+    pub so_path_in_wheel: &'static str,
+    /// sha256 of the plugin library.
+    pub so_sha256: &'static str,
+    /// pip flags that select the pinned wheel (platform and Python tags).
+    pub pip_select: &'static [&'static str],
+    /// The importable module whose directory holds the library when the package is
+    /// pip-installed in a Python environment (where its RPATH finds its runtime libraries).
+    pub module: &'static str,
+    /// Environment variable naming the library directly.
+    pub env: &'static str,
+    /// What else the plugin needs at run time.
+    pub needs: &'static str,
+}
+
+/// The pinned CPU plugin (the default).
+pub const CPU: PinnedPlugin = PinnedPlugin {
+    name: "cpu",
+    package: "xla-cpu-pjrt",
+    version: "0.0.1",
+    wheel_sha256: "55837b6b7b47daa717f2d9a5a03563ea0ceaa338d06a81a1e2d3f060d960decc",
+    so_path_in_wheel: "xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so",
+    so_sha256: "88c3f28c5900f48ad4a82cab9e79bba9537809743395e341485f8794268820dc",
+    pip_select: &[],
+    module: "xla_plugins.xla_cpu_pjrt",
+    env: "SHARDES_PJRT_PLUGIN",
+    needs: "nothing else",
+};
+
+/// The pinned CUDA 12 plugin (`jax-cuda12-pjrt`, 487 MB unpacked).
+pub const CUDA: PinnedPlugin = PinnedPlugin {
+    name: "cuda",
+    package: "jax-cuda12-pjrt",
+    version: "0.12.0.1",
+    wheel_sha256: "5ec28e06198d094031c37590b4ea753ae8cde4879ab4b60baf40f0dffb673286",
+    so_path_in_wheel: "jax_plugins/xla_cuda12/xla_cuda_plugin.so",
+    so_sha256: "921aaa9c635255fb7b7a660d11c8f702c78a70e7f7d005d4f377c2dc5f0fede2",
+    pip_select: &["--platform", "manylinux_2_27_x86_64"],
+    module: "jax_plugins.xla_cuda12",
+    env: "SHARDES_PJRT_CUDA",
+    needs: "an NVIDIA driver and the CUDA 12 runtime libraries: `python3 -m pip install \
+            jax-cuda12-pjrt==0.12.0.1 jax-cuda12-plugin[with_cuda]==0.12.0.1` installs both \
+            (shardes then finds the plugin in that Python environment), or put a CUDA 12 \
+            installation on LD_LIBRARY_PATH",
+};
+
+/// The pinned TPU plugin (`libtpu`).
+pub const TPU: PinnedPlugin = PinnedPlugin {
+    name: "tpu",
+    package: "libtpu",
+    version: "0.0.51",
+    wheel_sha256: "ba67ddbfdbac61c8da1fafc26cd51b93e9fe4d298016e2882eb986b1718cba34",
+    so_path_in_wheel: "libtpu/libtpu.so",
+    so_sha256: "ad0b2a3bc5d4de96f653b3701aaed8769a691776ca0e14c791dcdca785d43e42",
+    pip_select: &[
+        "--platform",
+        "manylinux_2_31_x86_64",
+        "--python-version",
+        "3.11",
+        "--implementation",
+        "cp",
+    ],
+    module: "libtpu",
+    env: "SHARDES_PJRT_TPU",
+    needs: "a TPU VM (TPU devices under /dev/accel* or /dev/vfio)",
+};
+
+/// The named plugins a config may give as `plugin = "NAME"`.
+pub const NAMED: [PinnedPlugin; 3] = [CPU, CUDA, TPU];
+
 /// Python package that ships the pinned PJRT CPU plugin.
-pub const PACKAGE: &str = "xla-cpu-pjrt";
+pub const PACKAGE: &str = CPU.package;
 /// Pinned version of [`PACKAGE`].
-pub const VERSION: &str = "0.0.1";
+pub const VERSION: &str = CPU.version;
 /// sha256 of the pinned wheel (`xla_cpu_pjrt-0.0.1-py3-none-manylinux_2_27_x86_64.whl`).
-pub const WHEEL_SHA256: &str = "55837b6b7b47daa717f2d9a5a03563ea0ceaa338d06a81a1e2d3f060d960decc";
+pub const WHEEL_SHA256: &str = CPU.wheel_sha256;
 /// sha256 of the plugin shared library inside the pinned wheel.
-pub const SO_SHA256: &str = "88c3f28c5900f48ad4a82cab9e79bba9537809743395e341485f8794268820dc";
+pub const SO_SHA256: &str = CPU.so_sha256;
 /// Path of the plugin inside the wheel.
-pub const SO_PATH_IN_WHEEL: &str = "xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so";
+pub const SO_PATH_IN_WHEEL: &str = CPU.so_path_in_wheel;
 
 const SO_FILE_NAME: &str = "xla_cpu_pjrt.so";
-const ENV_PLUGIN: &str = "SHARDES_PJRT_PLUGIN";
+const ENV_PLUGIN: &str = CPU.env;
 const ENV_CACHE: &str = "SHARDES_CACHE_DIR";
 const ENV_PYTHON: &str = "SHARDES_PYTHON";
 const REPO_DIR: &str = "xla_extension";
@@ -58,6 +143,99 @@ pub fn locate(explicit: Option<&Path>) -> Result<PathBuf> {
         tried,
         provision_hint: e.to_string(),
     })
+}
+
+/// Resolves a config's `plugin` value: `cpu` (the default discovery, [`locate`]), `cuda`
+/// or `tpu` (see [`PinnedPlugin::locate`]), or a path to any PJRT plugin library.
+pub fn resolve(plugin: &str) -> Result<PathBuf> {
+    match NAMED.iter().find(|p| p.name.eq_ignore_ascii_case(plugin)) {
+        Some(p) if p.name == CPU.name => locate(None),
+        Some(p) => p.locate(),
+        None => locate(Some(Path::new(plugin))),
+    }
+}
+
+impl PinnedPlugin {
+    /// The library's file name.
+    pub fn so_file_name(&self) -> &'static str {
+        self.so_path_in_wheel
+            .rsplit('/')
+            .next()
+            .unwrap_or(self.so_path_in_wheel)
+    }
+
+    /// Where this plugin lives under cache root `root`:
+    /// `root/pjrt/<package>-<version>-<first 12 hex of the library's sha256>/<file>`.
+    pub fn cached_path(&self, root: &Path) -> PathBuf {
+        root.join("pjrt")
+            .join(format!(
+                "{}-{}-{}",
+                self.package,
+                self.version,
+                &self.so_sha256[..12]
+            ))
+            .join(self.so_file_name())
+    }
+
+    /// Finds this plugin: the environment variable [`PinnedPlugin::env`], then the package
+    /// installed in the Python environment (`$SHARDES_PYTHON` or `python3`), then the per-user
+    /// cache; if none has it, provisions it into the cache. Errors list what was tried and
+    /// what the plugin needs besides itself.
+    pub fn locate(&self) -> Result<PathBuf> {
+        if let Some(p) = std::env::var_os(self.env).filter(|v| !v.is_empty()) {
+            return existing(Path::new(&p));
+        }
+        let mut tried = Vec::new();
+        match python_module_dir(self.module) {
+            Some(dir) => {
+                let so = dir.join(self.so_file_name());
+                if so.is_file() {
+                    return Ok(so);
+                }
+                tried.push(so);
+            }
+            None => tried.push(PathBuf::from(format!(
+                "(python module {} not installed)",
+                self.module
+            ))),
+        }
+        let root = cache_root()?;
+        let cached = self.cached_path(&root);
+        if cached.is_file() {
+            return Ok(cached);
+        }
+        tried.push(cached);
+        self.provision_into(&root)
+            .map_err(|e| RuntimeError::PluginNotFound {
+                tried,
+                provision_hint: format!("{e}; the {} plugin also needs {}", self.name, self.needs),
+            })
+    }
+
+    /// Provisions this plugin under cache root `root` (see [`PinnedPlugin::cached_path`]);
+    /// a no-op if it is there. Concurrency-safe as [`provision_into`].
+    pub fn provision_into(&self, root: &Path) -> Result<PathBuf> {
+        provision_pinned(self, root)
+    }
+}
+
+/// The directory of an importable Python package, without importing it (its parent
+/// packages are imported, which for the plugin namespaces runs no plugin code).
+fn python_module_dir(module: &str) -> Option<PathBuf> {
+    let python = std::env::var(ENV_PYTHON).unwrap_or_else(|_| "python3".to_string());
+    let out = Command::new(python)
+        .args([
+            "-c",
+            "import importlib.util as u, sys\n\
+             try:\n    s = u.find_spec(sys.argv[1])\n\
+             except Exception:\n    s = None\n\
+             print(s.submodule_search_locations[0] if s and s.submodule_search_locations else '')",
+            module,
+        ])
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    (out.status.success() && !text.is_empty()).then(|| PathBuf::from(text))
 }
 
 fn existing(p: &Path) -> Result<PathBuf> {
@@ -139,9 +317,7 @@ pub fn cache_root() -> Result<PathBuf> {
 /// Where the pinned plugin lives under cache root `root`:
 /// `root/pjrt/xla-cpu-pjrt-0.0.1-<first 12 hex of the .so sha256>/xla_cpu_pjrt.so`.
 pub fn cached_plugin_path(root: &Path) -> PathBuf {
-    root.join("pjrt")
-        .join(format!("{PACKAGE}-{VERSION}-{}", &SO_SHA256[..12]))
-        .join(SO_FILE_NAME)
+    CPU.cached_path(root)
 }
 
 /// Provisions the pinned CPU plugin into the default cache root ([`cache_root`]) and returns
@@ -158,7 +334,11 @@ pub fn provision() -> Result<PathBuf> {
 /// `python3 -m pip download` (override the interpreter with `SHARDES_PYTHON`) with the version
 /// and the wheel's sha256 pinned; the extracted library's sha256 is checked as well.
 pub fn provision_into(root: &Path) -> Result<PathBuf> {
-    let target = cached_plugin_path(root);
+    provision_pinned(&CPU, root)
+}
+
+fn provision_pinned(p: &PinnedPlugin, root: &Path) -> Result<PathBuf> {
+    let target = p.cached_path(root);
     if target.is_file() {
         return Ok(target);
     }
@@ -168,7 +348,7 @@ pub fn provision_into(root: &Path) -> Result<PathBuf> {
         .unwrap_or_else(|| root.to_path_buf());
     let fail = |reason: String| RuntimeError::Provision {
         reason,
-        manual: manual_steps(&dir),
+        manual: manual_steps_for(p, &dir),
     };
     fs::create_dir_all(&dir).map_err(|e| fail(format!("cannot create {}: {e}", dir.display())))?;
     let lock_path = dir.join(".lock");
@@ -190,19 +370,27 @@ pub fn provision_into(root: &Path) -> Result<PathBuf> {
         return Ok(target);
     }
     let work = dir.join(format!(".download-{}-{}", std::process::id(), unique()));
-    let result = download_and_install(&work, &dir, &target).map_err(fail);
+    let result = download_and_install(p, &work, &dir, &target).map_err(fail);
     // Best effort: a leftover scratch directory is harmless and named so it is recognisable.
     let _ = fs::remove_dir_all(&work);
     result.map(|()| target)
 }
 
-fn download_and_install(work: &Path, dir: &Path, target: &Path) -> Result<(), String> {
+fn download_and_install(
+    p: &PinnedPlugin,
+    work: &Path,
+    dir: &Path,
+    target: &Path,
+) -> Result<(), String> {
     let wheel_dir = work.join("wheel");
     fs::create_dir_all(&wheel_dir).map_err(|e| format!("cannot create {}: {e}", work.display()))?;
     let req = work.join("requirements.txt");
     fs::write(
         &req,
-        format!("{PACKAGE}=={VERSION} --hash=sha256:{WHEEL_SHA256}\n"),
+        format!(
+            "{}=={} --hash=sha256:{}\n",
+            p.package, p.version, p.wheel_sha256
+        ),
     )
     .map_err(|e| format!("cannot write {}: {e}", req.display()))?;
     let python = std::env::var(ENV_PYTHON).unwrap_or_else(|_| "python3".to_string());
@@ -217,8 +405,9 @@ fn download_and_install(work: &Path, dir: &Path, target: &Path) -> Result<(), St
             "--require-hashes",
             "--disable-pip-version-check",
             "--quiet",
-            "-r",
         ])
+        .args(p.pip_select)
+        .arg("-r")
         .arg(&req)
         .arg("-d")
         .arg(&wheel_dir)
@@ -246,12 +435,14 @@ fn download_and_install(work: &Path, dir: &Path, target: &Path) -> Result<(), St
         File::open(&wheel).map_err(|e| format!("cannot open {}: {e}", wheel.display()))?;
     let mut archive = zip::ZipArchive::new(wheel_file)
         .map_err(|e| format!("{} is not a valid wheel: {e}", wheel.display()))?;
+    let inner = p.so_path_in_wheel;
     let mut entry = archive
-        .by_name(SO_PATH_IN_WHEEL)
-        .map_err(|e| format!("{} lacks {SO_PATH_IN_WHEEL}: {e}", wheel.display()))?;
+        .by_name(inner)
+        .map_err(|e| format!("{} lacks {inner}: {e}", wheel.display()))?;
 
     let partial = dir.join(format!(
-        ".{SO_FILE_NAME}.{}-{}.partial",
+        ".{}.{}-{}.partial",
+        p.so_file_name(),
         std::process::id(),
         unique()
     ));
@@ -263,7 +454,7 @@ fn download_and_install(work: &Path, dir: &Path, target: &Path) -> Result<(), St
         loop {
             let n = entry
                 .read(&mut buf)
-                .map_err(|e| format!("cannot unpack {SO_PATH_IN_WHEEL}: {e}"))?;
+                .map_err(|e| format!("cannot unpack {inner}: {e}"))?;
             if n == 0 {
                 break;
             }
@@ -282,10 +473,11 @@ fn download_and_install(work: &Path, dir: &Path, target: &Path) -> Result<(), St
             return Err(e);
         }
     };
-    if digest != SO_SHA256 {
+    if digest != p.so_sha256 {
         let _ = fs::remove_file(&partial);
         return Err(format!(
-            "{SO_PATH_IN_WHEEL} has sha256 {digest}, expected {SO_SHA256}"
+            "{inner} has sha256 {digest}, expected {}",
+            p.so_sha256
         ));
     }
     fs::rename(&partial, target).map_err(|e| {
@@ -301,11 +493,25 @@ fn download_and_install(work: &Path, dir: &Path, target: &Path) -> Result<(), St
 
 /// The exact commands that do by hand what provisioning does.
 fn manual_steps(dir: &Path) -> String {
+    manual_steps_for(&CPU, dir)
+}
+
+fn manual_steps_for(p: &PinnedPlugin, dir: &Path) -> String {
     format!(
-        "run `python3 -m pip download --no-deps {PACKAGE}=={VERSION} -d /tmp/xla-wheel && \
-         mkdir -p {dir} && unzip -j -o /tmp/xla-wheel/xla_cpu_pjrt-{VERSION}-*.whl \
-         {SO_PATH_IN_WHEEL} -d {dir}` (the .so's sha256 must be {SO_SHA256}), or set \
-         {ENV_PLUGIN}=/path/to/a/pjrt_plugin.so",
+        "run `python3 -m pip download --no-deps {select}{pkg}=={ver} -d /tmp/{pkg}-wheel && \
+         mkdir -p {dir} && unzip -j -o /tmp/{pkg}-wheel/*.whl {inner} -d {dir}` (the \
+         library's sha256 must be {sha}), or set {env}=/path/to/{file}",
+        select = p
+            .pip_select
+            .iter()
+            .map(|a| format!("{a} "))
+            .collect::<String>(),
+        pkg = p.package,
+        ver = p.version,
+        inner = p.so_path_in_wheel,
+        sha = p.so_sha256,
+        env = p.env,
+        file = p.so_file_name(),
         dir = dir.display()
     )
 }
@@ -395,6 +601,32 @@ mod tests {
         let any = d.path().join("custom_plugin.so");
         fs::write(&any, b"not checked here").unwrap();
         assert_eq!(locate(Some(&any)).unwrap(), any);
+    }
+
+    #[test]
+    fn named_plugins_have_distinct_pins_and_cache_paths() {
+        let root = Path::new("/c");
+        assert_eq!(CPU.cached_path(root), cached_plugin_path(root));
+        assert_eq!(
+            CUDA.cached_path(root),
+            Path::new("/c/pjrt/jax-cuda12-pjrt-0.12.0.1-921aaa9c6352/xla_cuda_plugin.so")
+        );
+        assert_eq!(
+            TPU.cached_path(root),
+            Path::new("/c/pjrt/libtpu-0.0.51-ad0b2a3bc5d4/libtpu.so")
+        );
+        for p in NAMED {
+            assert_eq!(p.wheel_sha256.len(), 64, "{}", p.name);
+            assert_eq!(p.so_sha256.len(), 64, "{}", p.name);
+            let m = manual_steps_for(&p, Path::new("/d"));
+            assert!(m.contains(&format!("{}=={}", p.package, p.version)), "{m}");
+            assert!(m.contains(p.env), "{m}");
+        }
+        // A name that is not a plugin's is a path, and a missing path says so.
+        assert!(matches!(
+            resolve("/nonexistent/libfoo.so"),
+            Err(RuntimeError::PluginMissing { .. })
+        ));
     }
 
     #[test]
