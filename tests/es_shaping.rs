@@ -7,9 +7,9 @@
 
 mod support;
 
-use shardes::hlo::builder::{Module, TensorType};
+use shardes::hlo::builder::{DType, Module, TensorType};
 use shardes::hlo::es::shaping::{
-    shaping_function, Centered, CenteredRanks, GroupRelative, NoShaping, Shaping,
+    by_name, shaping_function, Centered, CenteredRanks, GroupRelative, NoShaping, Shaping,
 };
 use shardes::hlo::es::strategy::from_spec;
 use shardes::hlo::es::ShardedES;
@@ -108,6 +108,94 @@ fn centered_and_none_match_the_reference() {
     // n < 2: centered and none return f.
     assert_eq!(emitted(&client, &Centered, &[3.5], &[1]), vec![3.5]);
     assert_eq!(emitted(&client, &NoShaping, &[3.5], &[1]), vec![3.5]);
+    // n = 2 is already centered: mean -2.25, w = (f - mean) · 2/1, every step exact in f32.
+    let two = [2.5f32, -7.0];
+    assert_eq!(host::centered(&two), vec![9.5, -9.5]);
+    assert_eq!(emitted(&client, &Centered, &two, &[2]), vec![9.5, -9.5]);
+}
+
+#[test]
+fn group_relative_of_a_vector_is_a_single_task() {
+    // Fitness f32[n] is accepted as f32[n, 1].
+    let client = Client::cpu(1).expect("CPU client");
+    let n = 10;
+    let f = normal(key(9).expect("seed"), &[n]).expect("normal");
+    let got = emitted(&client, &GroupRelative, &f, &[n]);
+    close(
+        "group_relative f32[n]",
+        &got,
+        &host::group_relative(&f, n, 1),
+    );
+    assert_eq!(
+        bits(&got),
+        bits(&emitted(&client, &GroupRelative, &f, &[n, 1])),
+        "f32[n] and f32[n, 1] must give the same weights"
+    );
+}
+
+#[test]
+fn shapings_are_found_by_their_config_names() {
+    // The spec's four names; each shaping reports its own name, and only group_relative
+    // takes several fitness columns (`tasks() = None`: any g).
+    for name in ["centered_ranks", "centered", "group_relative", "none"] {
+        let s = by_name(name).unwrap_or_else(|| panic!("{name} is a spec shaping"));
+        assert_eq!(s.name(), name);
+        let tasks = if name == "group_relative" {
+            None
+        } else {
+            Some(1)
+        };
+        assert_eq!(s.tasks(), tasks, "{name}: tasks");
+    }
+    assert_eq!(CenteredRanks.name(), "centered_ranks");
+    assert_eq!(Centered.name(), "centered");
+    assert_eq!(GroupRelative.name(), "group_relative");
+    assert_eq!(NoShaping.name(), "none");
+    assert!(by_name("ranks").is_none());
+    assert!(by_name("").is_none());
+}
+
+#[test]
+fn fitness_other_than_f32_is_refused_before_anything_runs() {
+    // Spec guarantee 3 (narrower than f32) and the shapings' contract (f32 only): emitting
+    // the shaping fails, for the one-column shape and, for group_relative, [n, g] too.
+    for name in ["centered_ranks", "centered", "group_relative", "none"] {
+        let s = by_name(name).expect("spec shaping");
+        for dtype in [DType::BF16, DType::F16, DType::F64] {
+            let ty = TensorType::new(dtype, &[4]);
+            assert!(
+                shaping_function(&*s, ty.clone()).is_err(),
+                "{name} accepted {ty}"
+            );
+        }
+        assert!(
+            shaping_function(&*s, TensorType::f32(&[4])).is_ok(),
+            "{name} refused f32[4]"
+        );
+    }
+    for dtype in [DType::BF16, DType::F16, DType::F64] {
+        for ty in [
+            TensorType::new(dtype, &[4, 3]),
+            TensorType::new(dtype, &[4]),
+        ] {
+            // Refused by the shaping itself, not by a later op's type mismatch.
+            match shaping_function(&GroupRelative, ty.clone()) {
+                Ok(_) => panic!("group_relative accepted {ty}"),
+                Err(e) => assert!(
+                    e.to_string().contains("shaping group_relative"),
+                    "group_relative on {ty}: {e}"
+                ),
+            }
+        }
+    }
+    // The one-column shapings refuse [n, g] fitness.
+    for s in [&CenteredRanks as &dyn Shaping, &Centered, &NoShaping] {
+        assert!(
+            shaping_function(s, TensorType::f32(&[4, 3])).is_err(),
+            "{} accepted f32[4, 3]",
+            s.name()
+        );
+    }
 }
 
 #[test]

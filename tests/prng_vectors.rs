@@ -5,7 +5,9 @@
 mod support;
 
 use serde_json::Value;
-use shardes::hlo::prng::{self, bits, fold_in, key, normal, threefry2x32, uniform, Key};
+use shardes::hlo::prng::{
+    self, bits, bits_at, erf_inv_f32, fold_in, key, normal, threefry2x32, uniform, Key,
+};
 use shardes::hlo::problems::transformer_block::{init, make_batch, TransformerBlock};
 
 const FLOAT_TOL: f64 = 1e-6;
@@ -151,6 +153,52 @@ fn uniform_and_normal() {
         max_err = max_err.max(m);
     }
     println!("normal: {exact}/{total} bit-exact, max |err| {max_err:e}");
+}
+
+#[test]
+fn bits_of_counters_above_2_pow_32_use_the_high_word() {
+    // The JAX arrays are small, so every counter has high word 0. The spec defines element
+    // c as y0 ^ y1 of threefry2x32(key, (c >> 32, c & 0xFFFFFFFF)) for any c; threefry2x32
+    // itself is checked against JAX above.
+    for k in [key(0).expect("seed"), key(4294967303).expect("seed")] {
+        for c in [1u64 << 32, (7u64 << 32) | 5, u64::MAX] {
+            let [y0, y1] = threefry2x32(k, [(c >> 32) as u32, (c & 0xFFFF_FFFF) as u32]);
+            assert_eq!(bits_at(k, c), y0 ^ y1, "bits_at({:?}, {c:#x})", k.data());
+            assert_ne!(bits_at(k, c), bits_at(k, c & 0xFFFF_FFFF), "counter {c:#x}");
+        }
+    }
+}
+
+#[test]
+#[allow(clippy::excessive_precision)]
+fn erf_inv_tail_matches_a_high_precision_reference() {
+    // The JAX normals above stay below |z| = 2.03, so they never reach erf_inv's w >= 5
+    // branch (|z| >~ 2.93, |x| >~ 0.9966). Check it against erfinv of the exact f32 inputs,
+    // computed by mpmath at 40 digits. Giles' f32 approximation is within 3.2e-6 relative
+    // at these points; 1e-5 allows for that and still rejects a wrong tail polynomial.
+    const REL_TOL: f64 = 1e-5;
+    let cases: [(u32, f64); 11] = [
+        (0x3f7f27bb, 2.0777027449997154835),  // 0.99669999
+        (0x3f7f7cee, 2.1851269228839747422),  // 0.99800003
+        (0x3f7fdf3b, 2.461257606323154618),   // 0.99949998
+        (0x3f7ff972, 2.7510354379032874006),  // 0.99989998
+        (0x3f7fff58, 3.1232057711650707555),  // 0.99998999
+        (0x3f7fffef, 3.4570747260359500124),  // 0.99999899
+        (0x3f7ffffe, 3.7439211627767996249),  // 1 - 2^-23
+        (0x3f7fffff, 3.8325068569007109095),  // 1 - 2^-24
+        (0xbf7f5c29, -2.1378254379333906008), // -0.99750000
+        (0xbf7fffac, -3.2275910316951045756), // -0.99999499
+        (0xbf7fffff, -3.8325068569007109095), // -(1 - 2^-24)
+    ];
+    for (b, want) in cases {
+        let x = f32::from_bits(b);
+        let got = f64::from(erf_inv_f32(x));
+        let rel = ((got - want) / want).abs();
+        assert!(
+            rel <= REL_TOL,
+            "erf_inv({x:e}) = {got}, erfinv = {want} (rel err {rel:e} > {REL_TOL:e})"
+        );
+    }
 }
 
 /// Checks an array against an anchor with `first8` and `sum_f64` (and `abs_sum_f64` if present).
