@@ -344,8 +344,8 @@ pub fn client_for(plugin: Option<&str>, devices: usize) -> anyhow::Result<Client
             if !path.is_file() {
                 return Err(user(
                     format!("plugin `{}` does not exist", path.display()),
-                    "use plugin = \"cpu\", \"cuda\" or \"tpu\", or the path of a PJRT plugin .so \
-                     (relative paths start at the current directory)",
+                    "check the path (relative paths start at the current directory), or use \
+                     plugin = \"cpu\", \"cuda\" or \"tpu\"",
                 )
                 .into());
             }
