@@ -150,8 +150,9 @@ pub fn run(args: &DiagArgs) -> Result<()> {
         }
     }
     if config.problem.name == "qwen2" {
+        let base = setup::qwen2_model(&config)?;
         for &layers in &args.depths {
-            let (model, params) = setup::qwen2_at_depth(&config, layers)?;
+            let (model, params) = setup::qwen2_at_depth(&base, layers, config.run.seed)?;
             entries.push(measure(&p.es, &model, &params, &client, Some(layers))?);
         }
     }

@@ -148,19 +148,27 @@ pub fn problem(config: &Config) -> anyhow::Result<Problem> {
     })
 }
 
-/// The qwen2 model of `config` with `layers` decoder layers and random parameters of its
-/// shapes (for compile-cost sweeps over depth).
-pub fn qwen2_at_depth(config: &Config, layers: usize) -> anyhow::Result<(Qwen2, ParamTree)> {
+/// The qwen2 model of `config` (checkpoint or preset, batch geometry, compute dtype),
+/// loaded once; see [`qwen2_at_depth`].
+pub fn qwen2_model(config: &Config) -> anyhow::Result<Qwen2> {
     let k = key(config.run.seed).context("run.seed")?;
-    let q = qwen2(config, k)?;
-    let mut cfg = q.model.config.clone();
+    Ok(qwen2(config, k)?.model)
+}
+
+/// `model` with `layers` decoder layers and random parameters of its shapes drawn from
+/// `key(seed)` (for compile-cost sweeps over depth).
+pub fn qwen2_at_depth(
+    model: &Qwen2,
+    layers: usize,
+    seed: u64,
+) -> anyhow::Result<(Qwen2, ParamTree)> {
+    let mut cfg = model.config.clone();
     cfg.num_hidden_layers = layers;
     let params = cfg
-        .init(k, 0.02)
+        .init(key(seed).context("run.seed")?, 0.02)
         .with_context(|| format!("initialising a {layers}-layer qwen2"))?;
-    let model =
-        Qwen2::new(cfg, q.model.batch, q.model.seq).with_compute_dtype(q.model.compute_dtype);
-    Ok((model, params))
+    let deeper = Qwen2::new(cfg, model.batch, model.seq).with_compute_dtype(model.compute_dtype);
+    Ok((deeper, params))
 }
 
 struct Qwen2Problem {
