@@ -521,6 +521,34 @@ fn scale_rows(x: &Value, s: &Value) -> Result<Value, EsError> {
     Ok(x.mul(&s.broadcast_in_dim(x.shape(), &[0])?)?)
 }
 
+/// The chunk's noise, each element computed once.
+///
+/// XLA:CPU fuses cheap elementwise producers into their consumers, even where the consumer
+/// reads each element many times: the noise transform (uniform bits → erf_inv polynomial)
+/// was fused into the rank-1 corrections `(x B) Aᵀ` (a broadcast multiply once XLA
+/// strength-reduces the r = 1 dot), so every factor element was recomputed once per token.
+/// A profile of the quickstart put 40 % of a generation in those fusions.
+/// `optimization_barrier` does not help (XLA:CPU expands it before fusion); an "expensive"
+/// op does, because XLA never duplicates one into a consumer that reuses its elements.
+/// `remainder(z, +inf)` is such an op and the identity on finite `z` (IEEE 754 `fmod`), so
+/// the noise keeps its exact bits.
+fn materialize(noise: Vec<Noise>) -> Result<Vec<Noise>, EsError> {
+    let once =
+        |v: &Value| -> Result<Value, EsError> { Ok(v.rem(&v.func().scalar(f32::INFINITY)?)?) };
+    noise
+        .into_iter()
+        .map(|n| {
+            Ok(match n {
+                Noise::Dense(v) => Noise::Dense(once(&v)?),
+                Noise::Factors { a, b } => Noise::Factors {
+                    a: once(&a)?,
+                    b: once(&b)?,
+                },
+            })
+        })
+        .collect()
+}
+
 /// The per-leaf stream keys `fold_in(base_key, j)`.
 fn streams(base: &Keys, leaves: &[LeafInfo]) -> Result<Vec<Keys>, EsError> {
     leaves
@@ -696,12 +724,12 @@ impl ShardedES {
                 let ids_c = ids.dynamic_slice(&[&start], &[c])?;
                 let (dirs, signs) = directions(&ids_c, p)?;
                 let dstart = i.mul(&f.scalar((c / p) as i32)?)?;
-                let noise = self.chunk_noise(
+                let noise = materialize(self.chunk_noise(
                     &streams,
                     leaves,
                     &dirs,
                     all.as_deref().map(|n| (n, &dstart)),
-                )?;
+                )?)?;
                 let mp = self.perturbed(params, leaves, &noise, &signs)?;
                 let loss = model.loss(&mp, batch)?;
                 let fit = self.chunk_fitness(loss, c, tasks)?;

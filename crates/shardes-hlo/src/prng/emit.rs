@@ -138,7 +138,11 @@ impl Keys {
             .iota(TensorType::u32(&[size]), 0)?
             .reshape(shape)?
             .broadcast_in_dim(&full, &ctr_dims)?;
-        let keys = self.broadcast_in_dim(&full, &key_dims)?;
+        // Keys as [batch.., 1, ..]: threefry2x32 broadcasts them against the counters
+        // inside its loop, so the carried key schedule stays at the batch's size.
+        let mut kshape = self.shape().to_vec();
+        kshape.extend(std::iter::repeat_n(1, shape.len()));
+        let keys = self.broadcast_in_dim(&kshape, &key_dims)?;
         let zero = f.scalar(0u32)?;
         let (y0, y1) = threefry2x32(&keys.k0, &keys.k1, &zero, &counter)?;
         y0.xor(&y1)
@@ -171,24 +175,28 @@ impl Keys {
 /// Emitted as JAX lowers it on CPU: the five four-round groups are one `while` loop whose
 /// carry holds the counters, the rotating key schedule and the two rotation tables, so a
 /// program with many draws stays small and compiles fast (the unrolled form is ~8× the ops).
+/// Unlike JAX, the key schedule is carried at the keys' own shape and broadcast inside the
+/// loop body: rotating full-size key arrays through the carry made XLA copy each of them on
+/// every iteration (19 % of a full-rank generation went to those copies).
 pub fn threefry2x32(k0: &Value, k1: &Value, x0: &Value, x1: &Value) -> Result<(Value, Value)> {
     let f = k0.func();
     let u = |x: u32| f.scalar(x);
     let shape = broadcast_shape(&[k0.shape(), k1.shape(), x0.shape(), x1.shape()])?;
-    let full = |v: &Value| -> Result<Value> {
-        if v.shape() == shape.as_slice() {
+    let kshape = broadcast_shape(&[k0.shape(), k1.shape()])?;
+    let to = |v: &Value, s: &[i64]| -> Result<Value> {
+        if v.shape() == s {
             Ok(v.clone())
         } else {
-            v.broadcast_to(&shape)
+            v.broadcast_to(s)
         }
     };
     let k2 = k0.xor(k1)?.xor(&u(THREEFRY_PARITY)?)?;
-    let ks = [full(k0)?, full(k1)?, full(&k2)?];
+    let ks = [to(k0, &kshape)?, to(k1, &kshape)?, to(&k2, &kshape)?];
     // Group 0's injection, then groups 0..5 in the loop: after group g the schedule adds
     // ks[(g+1) % 3] and ks[(g+2) % 3] + g + 1 (THREEFRY_INJECTIONS), hence the rotation.
     debug_assert_eq!(THREEFRY_INJECTIONS[0], [0, 1]);
-    let x0 = full(x0)?.add(&ks[0])?;
-    let x1 = full(x1)?.add(&ks[1])?;
+    let x0 = to(x0, &shape)?.add(&to(&ks[0], &shape)?)?;
+    let x1 = to(x1, &shape)?.add(&to(&ks[1], &shape)?)?;
     let rot = |g: usize| -> Result<Value> { f.constant(&[4], &THREEFRY_ROTATIONS[g % 2]) };
     let groups = THREEFRY_GROUPS as u32;
     let i0 = u(0)?;
@@ -203,18 +211,19 @@ pub fn threefry2x32(k0: &Value, k1: &Value, x0: &Value, x1: &Value) -> Result<(V
             let (i, mut x0, mut x1) = (c[0].clone(), c[1].clone(), c[2].clone());
             let (ka, kb, kc) = (&c[3], &c[4], &c[5]);
             let (ra, rb) = (&c[6], &c[7]);
+            let full = x0.shape().to_vec();
             for k in 0..4 {
                 let r = ra.slice_in_dim(k, k + 1, 0)?.reshape(&[])?;
                 let l = h.scalar(32u32)?.sub(&r)?;
                 x0 = x0.add(&x1)?;
                 let rotl = x1
-                    .shift_left(&r.broadcast_to(x1.shape())?)?
-                    .or(&x1.shift_right_logical(&l.broadcast_to(x1.shape())?)?)?;
+                    .shift_left(&r.broadcast_to(&full)?)?
+                    .or(&x1.shift_right_logical(&l.broadcast_to(&full)?)?)?;
                 x1 = rotl.xor(&x0)?;
             }
             let next = i.add(&h.scalar(1u32)?)?;
-            x0 = x0.add(ka)?;
-            x1 = x1.add(kb)?.add(&next.broadcast_to(x1.shape())?)?;
+            x0 = x0.add(&to(ka, &full)?)?;
+            x1 = x1.add(&to(kb, &full)?)?.add(&next.broadcast_to(&full)?)?;
             Ok(vec![
                 next,
                 x0,
