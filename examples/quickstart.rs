@@ -11,7 +11,7 @@
 //! falls.
 
 use shardes::hlo::es::strategy::{LowRank, Mirrored};
-use shardes::hlo::es::ShardedES;
+use shardes::hlo::es::{Model, ShardedES};
 use shardes::hlo::prng::{fold_in, key};
 use shardes::hlo::problems::transformer_block::TransformerBlock;
 use shardes::runtime::Client;
@@ -34,7 +34,8 @@ pub fn quickstart(generations: usize) -> Result<Vec<f64>, Box<dyn std::error::Er
         0.01,
         0.01,
         DEVICES,
-    )?;
+    )?
+    .with_member_bytes(problem.member_bytes());
     let client = Client::cpu(DEVICES)?;
     let mut trainer = Trainer::new(
         &client,

@@ -8,16 +8,17 @@
 //!
 //! FLOPs are counted analytically from the model ([`Flops::transformer_block`]): the
 //! optimized HLO the runtime exposes carries shapes but no operands or loop trip counts,
-//! so counting its dots would need both. The count is the work the algorithm must do as
-//! the program is written: base products shared by a member chunk once per chunk,
-//! per-member work once per member, the update contraction once (not the `how = A`
-//! duplicates).
+//! so counting its dots would need both. The count is the work the algorithm must do:
+//! base products shared by the population once per device (each device needs them for
+//! its members; XLA hoists them out of the member-chunk loop, so that is also what the
+//! program does), per-member work once per member, the update contraction once (not the
+//! `how = A` duplicates).
 
 use std::time::Instant;
 
 use serde::Serialize;
 use shardes_hlo::builder::{DotDims, Mesh, Module, Sharding, TensorType};
-use shardes_hlo::es::{leaf_infos, How, Model, Noise, ShardedES};
+use shardes_hlo::es::{leaf_infos, EsError, How, LeafInfo, Model, Noise, Program, ShardedES};
 use shardes_hlo::params::{Array, ParamTree};
 use shardes_hlo::prng::emit::Keys;
 use shardes_hlo::prng::Key;
@@ -85,7 +86,7 @@ impl Flops {
     /// member, `S = seq`, width `d`:
     /// - inference, per member: six `d × d` products `12 T d²` + attention `4 T S d`;
     /// - low rank `r`: `wq, wk, wv` read the shared input, so their base products run once
-    ///   per member chunk (`6 T d²` per chunk); per member `wo, w_up, w_down` (`6 T d²`),
+    ///   per device (`6 T d²` each); per member `wo, w_up, w_down` (`6 T d²`),
     ///   six rank-`r` corrections (`24 T d r`) and attention; the update `2 r d²` per leaf
     ///   and direction;
     /// - dense noise: per member the inference work; the update `2 d²` per leaf and
@@ -98,13 +99,13 @@ impl Flops {
         let (t, s, d) = ((tb.batch * tb.seq) as f64, tb.seq as f64, tb.d_model as f64);
         let n = es.n() as f64;
         let dirs = n / es.strategy().pairing() as f64;
-        let chunks = n / es.member_chunk()? as f64;
+        let devices = es.devices() as f64;
         let attention = 4.0 * t * s * d;
         let inference = n * (12.0 * t * d * d + attention);
         let generation = match rank {
             Some(r) => {
                 let r = r as f64;
-                chunks * 6.0 * t * d * d
+                devices * 6.0 * t * d * d
                     + n * (6.0 * t * d * d + 24.0 * t * d * r + attention)
                     + 6.0 * dirs * 2.0 * r * d * d
             }
@@ -206,6 +207,9 @@ pub struct BenchReport {
     pub inference_compile_ms: f64,
     /// Milliseconds per inference pass.
     pub inference_ms: Stats,
+    /// Milliseconds of `ask + apply` alone: the generation without `tell` and the update,
+    /// so a generation's time minus this is what `tell` costs.
+    pub apply_ms: Stats,
     /// GFLOP/s of the inference pass.
     pub inference_gflops: f64,
     /// FLOP counts (analytic).
@@ -298,8 +302,27 @@ fn replicate_all(
 
 /// The inference program (zero noise, same chunking and sharding) with its inputs.
 fn inference(input: &BenchInput, es: &ShardedES) -> Result<(Fixed, f64, f64), Error> {
+    fixed_program(input, es, |leaves| {
+        es.inference_program(input.model, leaves)
+    })
+}
+
+/// `ask + apply` alone (the generation without `tell` and the update) with its inputs.
+fn ask_apply(input: &BenchInput, es: &ShardedES) -> Result<(Fixed, f64, f64), Error> {
+    fixed_program(input, es, |leaves| {
+        es.ask_apply_program(input.model, leaves)
+    })
+}
+
+/// Builds, emits and compiles a program taking `(params…, key, generation, batch…)`, and
+/// replicates those inputs; returns it with its emission and compile times (ms).
+fn fixed_program(
+    input: &BenchInput,
+    es: &ShardedES,
+    build: impl FnOnce(&[LeafInfo]) -> Result<Program, EsError>,
+) -> Result<(Fixed, f64, f64), Error> {
     let t0 = Instant::now();
-    let program = es.inference_program(input.model, &leaf_infos(input.params))?;
+    let program = build(&leaf_infos(input.params))?;
     let mlir = program.module.to_mlir();
     let emit = ms_since(t0);
     let t1 = Instant::now();
@@ -527,16 +550,20 @@ pub fn run(
     }
     progress("compiling inference", 0, 1);
     let (inf, inference_emit_ms, inference_compile_ms) = inference(input, first)?;
+    progress("compiling ask + apply", 0, 1);
+    let (apply, _, _) = ask_apply(input, first)?;
     progress("warm-up", 0, options.warmup);
     for w in 0..options.warmup {
         for t in &mut trainers {
             t.step()?;
         }
         inf.run(0)?;
+        apply.run(0)?;
         progress("warm-up", w + 1, options.warmup);
     }
     let mut gen_samples: Vec<Vec<f64>> = vec![Vec::new(); trainers.len()];
     let mut inf_samples = Vec::new();
+    let mut apply_samples = Vec::new();
     for r in 0..options.rounds {
         for (t, s) in trainers.iter_mut().zip(&mut gen_samples) {
             let t0 = Instant::now();
@@ -546,6 +573,9 @@ pub fn run(
         let t0 = Instant::now();
         inf.run(0)?;
         inf_samples.push(ms_since(t0));
+        let t0 = Instant::now();
+        apply.run(0)?;
+        apply_samples.push(ms_since(t0));
         progress("timing", r + 1, options.rounds);
     }
     drop(trainers);
@@ -585,6 +615,7 @@ pub fn run(
         inference_compile_ms,
         inference_gflops: rate(flops.inference, inference_ms.median),
         inference_ms,
+        apply_ms: Stats::of(&apply_samples),
         flops,
         gemm_peak_gflops: gemm_peak,
         host_overhead_ms: overhead,
@@ -646,6 +677,10 @@ impl BenchReport {
                 v.temp_bytes as f64 / 1048576.0
             ));
         }
+        s.push_str(&format!(
+            "ask + apply alone (no tell) {:.2} ms ({:.2}..{:.2})\n",
+            self.apply_ms.median, self.apply_ms.min, self.apply_ms.max
+        ));
         s.push_str(&format!(
             "GEMM peak {:.1} GFLOP/s; host overhead {:.3} ms/dispatch ({:.3}..{:.3}); \
              peak RSS {:.0} MiB\n",

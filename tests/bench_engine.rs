@@ -136,6 +136,7 @@ fn bench_runs_on_a_tiny_config_and_reports_every_field() {
         "inference_compile_ms",
         "inference_ms",
         "inference_gflops",
+        "apply_ms",
         "flops",
         "gemm_peak_gflops",
         "host_overhead_ms",
@@ -173,6 +174,9 @@ fn bench_runs_on_a_tiny_config_and_reports_every_field() {
     assert!(report.host_overhead_ms.median > 0.0);
     assert!(report.peak_rss_bytes > 0, "VmHWM unreadable");
     assert_eq!(report.inference_ms.samples, 3);
+    assert_eq!(report.apply_ms.samples, 3);
+    assert!(report.apply_ms.median > 0.0);
     let table = report.table();
     assert!(table.contains("generation / inference"), "{table}");
+    assert!(table.contains("ask + apply alone"), "{table}");
 }

@@ -8,9 +8,12 @@ use std::time::Instant;
 
 use shardes::hlo::builder::{self, DType, Value};
 use shardes::hlo::es::shaping::{by_name, NoShaping};
-use shardes::hlo::es::strategy::{from_spec, full_rank_noise, IidGaussian, LowRank, Mirrored};
+use shardes::hlo::es::strategy::{
+    from_spec, full_rank_noise, IidGaussian, LowRank, Mirrored, SeedRegenerated,
+};
 use shardes::hlo::es::{
-    check_model, leaf_infos, EsError, LeafInfo, Noise, Shaping, ShardedES, Strategy,
+    check_model, leaf_infos, EsError, LeafInfo, Model, Noise, Shaping, ShardedES, Strategy,
+    CHUNK_BYTES, DEFAULT_MEMBER_CHUNK, TELL_CHUNK_BYTES,
 };
 use shardes::hlo::prng::emit::Keys;
 use shardes::hlo::prng::key;
@@ -262,4 +265,76 @@ fn users_can_implement_strategy_and_shaping() {
         from_spec(&"lowrank(r=2)".parse().expect("spec")).name(),
         "lowrank(r=2)"
     );
+}
+
+#[test]
+fn default_member_chunk_keeps_a_chunk_within_the_activation_budget() {
+    let mirrored = || -> Box<dyn Strategy> { Box::new(Mirrored(lowrank())) };
+    let chunk = |n: usize, devices: usize, bytes: Option<usize>| {
+        ShardedES::new(mirrored(), n, 0.1, 0.1, devices)
+            .expect("valid")
+            .with_member_bytes(bytes)
+            .member_chunk()
+            .expect("a default chunk always divides")
+    };
+    // Unknown size: the fixed cap.
+    assert_eq!(chunk(256, 8, None), DEFAULT_MEMBER_CHUNK);
+    // The quickstart's 64 KiB per member: 8 members fill CHUNK_BYTES.
+    let quickstart = TransformerBlock::QUICKSTART.member_bytes();
+    assert_eq!(quickstart, Some(64 * 1024));
+    assert_eq!(chunk(256, 8, quickstart), CHUNK_BYTES / (64 * 1024));
+    assert_eq!(chunk(16384, 8, quickstart), 8);
+    // The same chunk on 1..8 devices (the bit-identity guarantee depends on it).
+    for devices in [1, 2, 4, 8] {
+        assert_eq!(chunk(256, devices, quickstart), 8, "{devices} devices");
+    }
+    // Tiny members: the fixed cap still applies. Huge members: one pair at a time.
+    assert_eq!(chunk(256, 8, Some(16)), DEFAULT_MEMBER_CHUNK);
+    assert_eq!(chunk(256, 8, Some(CHUNK_BYTES * 4)), 2);
+    // Zero bytes means unknown, not an unbounded chunk.
+    assert_eq!(chunk(256, 8, Some(0)), DEFAULT_MEMBER_CHUNK);
+    // An explicit chunk wins over the budget.
+    let es = ShardedES::new(mirrored(), 256, 0.1, 0.1, 8)
+        .expect("valid")
+        .with_member_bytes(quickstart)
+        .with_member_chunk(Some(32));
+    assert_eq!(es.member_chunk().expect("valid"), 32);
+}
+
+#[test]
+fn tell_regenerates_as_many_directions_as_fit_its_noise_budget() {
+    let leaves = leaf_infos(
+        &TransformerBlock::QUICKSTART
+            .init(key(0).expect("seed"))
+            .expect("init"),
+    );
+    let es = |s: Box<dyn Strategy>| ShardedES::new(s, 256, 0.1, 0.1, 8).expect("valid");
+    // Low rank: r (m + k) elements per 2-D leaf, 6 leaves of 64 × 64 at r = 2.
+    let low = es(Box::new(Mirrored(Box::new(LowRank { r: 2 }))));
+    let per_dir = 4 * 6 * 2 * (64 + 64);
+    assert_eq!(
+        leaves
+            .iter()
+            .map(|l| low.strategy().noise_elements(l))
+            .sum::<usize>()
+            * 4,
+        per_dir
+    );
+    // Every local direction fits: one step.
+    assert_eq!(low.tell_chunk(&leaves, 16), 16);
+    // 4 MiB / 6 KiB = 682 directions at most: the largest divisor of 2^20 below is 512.
+    assert_eq!(TELL_CHUNK_BYTES / per_dir, 682);
+    assert_eq!(low.tell_chunk(&leaves, 1 << 20), 512);
+    // Dense noise: the leaf's size; the largest divisor within the budget.
+    let dense = es(Box::new(SeedRegenerated { chunk: None }));
+    let big = [LeafInfo {
+        index: 0,
+        path: "w".into(),
+        shape: vec![1024, 1024],
+    }];
+    assert_eq!(dense.strategy().noise_elements(&big[0]), 1 << 20);
+    assert_eq!(dense.tell_chunk(&big, 12), 1);
+    assert_eq!(dense.tell_chunk(&leaves, 12), 12);
+    // 96 KiB per direction: at most 42, so 32 of 1024.
+    assert_eq!(dense.tell_chunk(&leaves, 1024), 32);
 }

@@ -11,7 +11,7 @@ use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use shardes::bench::{self, BenchInput, BenchOptions, Flops};
 use shardes::hlo::es::strategy::from_spec;
-use shardes::hlo::es::{shaping, How, ShardedES};
+use shardes::hlo::es::{shaping, How, Model, ShardedES};
 use shardes::hlo::prng::{fold_in, key};
 use shardes::hlo::problems::transformer_block::TransformerBlock;
 use shardes::runtime::Client;
@@ -102,12 +102,15 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         .with_how(how)
         .with_member_chunk(config.es.member_chunk))
     };
-    let variants: Vec<ShardedES> = hows.iter().map(|&h| make_es(h)).collect::<Result<_>>()?;
     let tb = TransformerBlock {
         d_model: config.problem.d_model(),
         batch: config.problem.batch(),
         seq: config.problem.seq(),
     };
+    let variants: Vec<ShardedES> = hows
+        .iter()
+        .map(|&h| Ok(make_es(h)?.with_member_bytes(tb.member_bytes())))
+        .collect::<Result<_>>()?;
     let k = key(config.run.seed)?;
     let params = tb.init(k)?;
     let b = tb.make_batch(fold_in(k, 1))?;

@@ -138,6 +138,7 @@ pub fn problem(config: &Config) -> anyhow::Result<Problem> {
                 .into())
             }
         };
+    let es = es.with_member_bytes(model.member_bytes());
     Ok(Problem {
         es,
         model,

@@ -84,6 +84,13 @@ pub trait Model {
     fn tasks(&self) -> usize {
         1
     }
+
+    /// Bytes of one member's largest activation for one batch, if the model knows it
+    /// (e.g. `tokens × width × 4` for f32). [`ShardedES::with_member_bytes`] takes it, and
+    /// the default member chunk then keeps a chunk's activation within [`CHUNK_BYTES`].
+    fn member_bytes(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// How a model read a leaf (for [`check_model`]).
@@ -216,6 +223,7 @@ pub struct ShardedES {
     shaping: Box<dyn Shaping>,
     how: How,
     member_chunk: Option<usize>,
+    member_bytes: Option<usize>,
 }
 
 impl std::fmt::Debug for ShardedES {
@@ -229,6 +237,7 @@ impl std::fmt::Debug for ShardedES {
             .field("shaping", &self.shaping.name())
             .field("how", &self.how)
             .field("member_chunk", &self.member_chunk)
+            .field("member_bytes", &self.member_bytes)
             .finish()
     }
 }
@@ -236,6 +245,15 @@ impl std::fmt::Debug for ShardedES {
 /// The largest default members per evaluation chunk: small enough that one chunk's activations
 /// stay in cache-sized memory, and independent of the device count.
 pub const DEFAULT_MEMBER_CHUNK: usize = 32;
+
+/// The activation bytes a default member chunk aims to stay within when the model's
+/// per-member size is known ([`ShardedES::with_member_bytes`]): half a megabyte, the L2
+/// cache of one core here. `shardes bench benches/quickstart.toml --member-chunk C` measured
+/// 78, 72, 66 and 68 ms per generation for C = 32, 16, 8 and 4 at 64 KiB per member.
+pub const CHUNK_BYTES: usize = 512 * 1024;
+
+/// The noise bytes `tell` regenerates per loop step ([`ShardedES::tell_chunk`]).
+pub const TELL_CHUNK_BYTES: usize = 4 * 1024 * 1024;
 
 impl ShardedES {
     /// Validates and builds: `n` must divide by `devices × pairing`, `sigma` finite and
@@ -256,6 +274,7 @@ impl ShardedES {
             shaping: Box::new(CenteredRanks),
             how: How::B,
             member_chunk: None,
+            member_bytes: None,
         };
         es.validate()?;
         Ok(es)
@@ -276,6 +295,14 @@ impl ShardedES {
     /// Sets members per evaluation chunk (checked when the program is built).
     pub fn with_member_chunk(mut self, chunk: Option<usize>) -> Self {
         self.member_chunk = chunk;
+        self
+    }
+
+    /// Sets the bytes of one member's largest activation ([`Model::member_bytes`]), which
+    /// caps the default member chunk at [`CHUNK_BYTES`] of activation. Every program of
+    /// this ES then uses the same chunk, whichever model it is built with.
+    pub fn with_member_bytes(mut self, bytes: Option<usize>) -> Self {
+        self.member_bytes = bytes.filter(|&b| b > 0);
         self
     }
 
@@ -377,7 +404,8 @@ impl ShardedES {
     }
 
     /// The chunk used when neither the settings nor the strategy choose one: the largest
-    /// multiple of the pairing, at most [`DEFAULT_MEMBER_CHUNK`], that divides both the
+    /// multiple of the pairing, at most [`DEFAULT_MEMBER_CHUNK`] (and at most
+    /// [`CHUNK_BYTES`] of activation when the member size is known), that divides both the
     /// local population and `n / 8` (when 8 divides `n`). Dividing `n / 8` makes it the
     /// same on 1, 2, 4 and 8 devices, so each member's loss is computed by the same kernel
     /// shapes and is bit-identical across those device counts (rank shaping turns a 1-ulp
@@ -390,10 +418,31 @@ impl ShardedES {
         } else {
             local
         };
-        (1..=DEFAULT_MEMBER_CHUNK.min(base))
+        let cap = match self.member_bytes {
+            Some(b) => DEFAULT_MEMBER_CHUNK.min((CHUNK_BYTES / b).max(1)),
+            None => DEFAULT_MEMBER_CHUNK,
+        };
+        (1..=cap.min(base))
             .rev()
             .find(|c| base.is_multiple_of(*c) && c.is_multiple_of(p))
             .unwrap_or(p)
+    }
+
+    /// Directions `tell` regenerates and contracts per loop step, out of `dirs`: the
+    /// largest divisor of `dirs` whose noise fits [`TELL_CHUNK_BYTES`] (at least 1).
+    /// `tell` holds no activations, so its chunk is set by the noise alone: far larger
+    /// than the evaluation chunk, it makes the contraction one GEMM of `chunk` rows
+    /// instead of many small ones.
+    pub fn tell_chunk(&self, leaves: &[LeafInfo], dirs: usize) -> usize {
+        let bytes: usize = 4 * leaves
+            .iter()
+            .map(|l| self.strategy.noise_elements(l))
+            .sum::<usize>();
+        let cap = (TELL_CHUNK_BYTES / bytes.max(1)).max(1);
+        (1..=cap.min(dirs))
+            .rev()
+            .find(|c| dirs.is_multiple_of(*c))
+            .unwrap_or(1)
     }
 
     /// `lr / (n σ)`, the f32 factor of the update, computed once.
@@ -665,7 +714,9 @@ impl ShardedES {
         })
     }
 
-    /// Noise for a block of directions: regenerated, or sliced from a materialized set.
+    /// Noise for a block of directions: regenerated, or sliced from a materialized set;
+    /// each element computed once ([`materialize`]). `apply` and `tell` both take their
+    /// noise from here, so they see it through the same ops (and XLA compiles it alike).
     fn chunk_noise(
         &self,
         streams: &[Keys],
@@ -675,15 +726,18 @@ impl ShardedES {
     ) -> Result<Vec<Noise>, EsError> {
         let d = dirs.shape()[0];
         match all {
+            // Sliced from noise that came through here (and `materialize`) already.
             Some((noise, start)) => noise
                 .iter()
                 .map(|n| Ok(n.dynamic_rows(start, d)?))
                 .collect(),
-            None => leaves
-                .iter()
-                .zip(streams)
-                .map(|(l, s)| Ok(self.strategy.noise(s, l, dirs)?))
-                .collect(),
+            None => materialize(
+                leaves
+                    .iter()
+                    .zip(streams)
+                    .map(|(l, s)| Ok(self.strategy.noise(s, l, dirs)?))
+                    .collect::<Result<Vec<_>, EsError>>()?,
+            ),
         }
     }
 
@@ -724,12 +778,12 @@ impl ShardedES {
                 let ids_c = ids.dynamic_slice(&[&start], &[c])?;
                 let (dirs, signs) = directions(&ids_c, p)?;
                 let dstart = i.mul(&f.scalar((c / p) as i32)?)?;
-                let noise = materialize(self.chunk_noise(
+                let noise = self.chunk_noise(
                     &streams,
                     leaves,
                     &dirs,
                     all.as_deref().map(|n| (n, &dstart)),
-                )?)?;
+                )?;
                 let mp = self.perturbed(params, leaves, &noise, &signs)?;
                 let loss = model.loss(&mp, batch)?;
                 let fit = self.chunk_fitness(loss, c, tasks)?;
@@ -757,8 +811,7 @@ impl ShardedES {
         let f = ids.func();
         let count = ids.shape()[0];
         let p = self.strategy.pairing() as i64;
-        let c = self.member_chunk()? as i64;
-        let cd = c / p;
+        let cd = self.tell_chunk(leaves, (count / p) as usize) as i64;
         let (dirs_all, signs) = directions(ids, p)?;
         let mut coef = weights.mul(&signs)?;
         if p > 1 {
@@ -1164,6 +1217,7 @@ impl ShardedES {
             shaping: Box::new(super::shaping::NoShaping),
             how: self.how,
             member_chunk: Some(self.member_chunk()?),
+            member_bytes: self.member_bytes,
         };
         zero.ask_apply_program(model, leaves)
     }

@@ -114,6 +114,17 @@ pub trait Strategy {
     /// Emits the unit noise of directions `dirs` (`u32[d]`) for `leaf`, whose per-leaf stream
     /// key is `stream` (`fold_in(base_key, j)`).
     fn noise(&self, stream: &Keys, leaf: &LeafInfo, dirs: &Value) -> Result<Noise>;
+
+    /// Elements of one direction's noise for `leaf`, for memory planning (how many
+    /// directions `tell` regenerates at once). The default, the leaf's size, is right for
+    /// dense noise and an upper bound for any other.
+    fn noise_elements(&self, leaf: &LeafInfo) -> usize {
+        leaf_size(leaf)
+    }
+}
+
+fn leaf_size(leaf: &LeafInfo) -> usize {
+    leaf.shape.iter().map(|&d| d.max(0) as usize).product()
 }
 
 /// Full-rank noise `ε(i) = normal(fold_in(stream, i), [size])` reshaped to the leaf, for a
@@ -137,6 +148,13 @@ pub struct LowRank {
 impl Strategy for LowRank {
     fn name(&self) -> String {
         format!("lowrank(r={})", self.r)
+    }
+
+    fn noise_elements(&self, leaf: &LeafInfo) -> usize {
+        match leaf.shape.as_slice() {
+            [m, k] => self.r * (m + k).max(0) as usize,
+            _ => leaf_size(leaf),
+        }
     }
 
     fn noise(&self, stream: &Keys, leaf: &LeafInfo, dirs: &Value) -> Result<Noise> {
@@ -238,6 +256,10 @@ impl Strategy for Mirrored {
 
     fn noise(&self, stream: &Keys, leaf: &LeafInfo, dirs: &Value) -> Result<Noise> {
         self.0.noise(stream, leaf, dirs)
+    }
+
+    fn noise_elements(&self, leaf: &LeafInfo) -> usize {
+        self.0.noise_elements(leaf)
     }
 }
 

@@ -548,6 +548,14 @@ impl Model for Qwen2 {
         let logits = self.forward(p, ids)?;
         Self::nll(&logits, targets, mask)
     }
+
+    /// The widest activation per token is the hidden state, the MLP's intermediate or the
+    /// logits, counted at 4 bytes (the logits and the loss are f32 in either dtype).
+    fn member_bytes(&self) -> Option<usize> {
+        let c = &self.config;
+        let width = c.hidden_size.max(c.intermediate_size).max(c.vocab_size);
+        Some(self.batch * self.seq * width * 4)
+    }
 }
 
 // ---------------------------------------------------------------------------------------

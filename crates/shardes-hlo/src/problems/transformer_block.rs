@@ -211,6 +211,12 @@ impl Model for TransformerBlock {
         let diff = out.sub(&Act::shared(target.clone()))?;
         Ok(diff.mul(&diff)?.mean_all()?)
     }
+
+    /// Every activation is `[batch, seq, d_model]` f32 (attention scores are
+    /// `[batch, seq, seq]`, no wider while `seq ≤ d_model`).
+    fn member_bytes(&self) -> Option<usize> {
+        Some(self.batch * self.seq * self.d_model.max(self.seq) * 4)
+    }
 }
 
 #[cfg(test)]
