@@ -598,12 +598,11 @@ fn materialize(noise: Vec<Noise>) -> Result<Vec<Noise>, EsError> {
         .collect()
 }
 
-/// The per-leaf stream keys `fold_in(base_key, j)`.
-fn streams(base: &Keys, leaves: &[LeafInfo]) -> Result<Vec<Keys>, EsError> {
-    leaves
-        .iter()
-        .map(|l| Ok(base.fold_in_const(l.index as u32)?))
-        .collect()
+/// The per-leaf stream keys `fold_in(base_key, j)`, as one batch `[L]` (one draw).
+fn streams(base: &Keys, leaves: &[LeafInfo]) -> Result<Keys, EsError> {
+    let f = base.words().0.func();
+    let ids = f.iota(TensorType::u32(&[leaves.len() as i64]), 0)?;
+    Ok(base.fold_in(&ids)?)
 }
 
 impl ShardedES {
@@ -719,7 +718,7 @@ impl ShardedES {
     /// noise from here, so they see it through the same ops (and XLA compiles it alike).
     fn chunk_noise(
         &self,
-        streams: &[Keys],
+        streams: &Keys,
         leaves: &[LeafInfo],
         dirs: &Value,
         all: Option<(&[Noise], &Value)>,
@@ -731,13 +730,7 @@ impl ShardedES {
                 .iter()
                 .map(|n| Ok(n.dynamic_rows(start, d)?))
                 .collect(),
-            None => materialize(
-                leaves
-                    .iter()
-                    .zip(streams)
-                    .map(|(l, s)| Ok(self.strategy.noise(s, l, dirs)?))
-                    .collect::<Result<Vec<_>, EsError>>()?,
-            ),
+            None => materialize(self.strategy.noise_all(streams, leaves, dirs)?),
         }
     }
 

@@ -6,7 +6,7 @@
 //! to add your own.
 
 use crate::builder::{Result, TensorType, Value};
-use crate::prng::emit::Keys;
+use crate::prng::emit::{normal_of_bits, Keys};
 
 use super::spec::StrategySpec;
 
@@ -115,6 +115,19 @@ pub trait Strategy {
     /// key is `stream` (`fold_in(base_key, j)`).
     fn noise(&self, stream: &Keys, leaf: &LeafInfo, dirs: &Value) -> Result<Noise>;
 
+    /// The noise of directions `dirs` for every leaf, `streams` holding the per-leaf stream
+    /// keys (`u32` batch of shape `[L]`, key `j` for leaf `j`). The default draws leaf by
+    /// leaf through [`Strategy::noise`]; a strategy whose noise is small can draw it for all
+    /// leaves at once, which keeps the program (and its compile time) from growing with
+    /// the number of leaves.
+    fn noise_all(&self, streams: &Keys, leaves: &[LeafInfo], dirs: &Value) -> Result<Vec<Noise>> {
+        leaves
+            .iter()
+            .enumerate()
+            .map(|(j, l)| self.noise(&streams.at(j as i64)?, l, dirs))
+            .collect()
+    }
+
     /// Elements of one direction's noise for `leaf`, for memory planning (how many
     /// directions `tell` regenerates at once). The default, the leaf's size, is right for
     /// dense noise and an upper bound for any other.
@@ -158,37 +171,148 @@ impl Strategy for LowRank {
     }
 
     fn noise(&self, stream: &Keys, leaf: &LeafInfo, dirs: &Value) -> Result<Noise> {
-        let [m, k] = match leaf.shape.as_slice() {
-            [m, k] => [*m, *k],
-            _ => return full_rank_noise(stream, leaf, dirs),
-        };
+        let mut one = self.noise_all(&stream.reshape(&[1])?, std::slice::from_ref(leaf), dirs)?;
+        Ok(one.remove(0))
+    }
+
+    /// Every leaf's noise from one threefry draw of each kind, whatever the number of
+    /// leaves and r: the column keys `c_jq = fold_in(stream_j, q)` (`[L, 2r]`), the keys
+    /// `fold_in(c_jq, i)` of every direction `i` (`[L, d, 2r]`), then all factors (`a` from
+    /// columns `0..r` over `m`, `b` from `r..2r` over `k`) and the full-rank noise of
+    /// non-2-D leaves (`normal(fold_in(stream_j, i), [size])`) as one draw of concatenated
+    /// counters. threefry is elementwise in (key, counter), so each value has exactly the
+    /// bits of its own per-leaf draw.
+    fn noise_all(&self, streams: &Keys, leaves: &[LeafInfo], dirs: &Value) -> Result<Vec<Noise>> {
         let f = dirs.func();
-        let d = dirs.shape()[0];
-        let r = self.r as i64;
-        // Column keys c_q = fold_in(stream, q) for all 2r columns at once, then one key per
-        // (direction, column): a single batched draw whatever r is.
-        let cols = stream.fold_in(&f.iota(TensorType::u32(&[2 * r]), 0)?)?;
-        let cols = cols.broadcast_in_dim(&[d, 2 * r], &[1])?;
-        let keys = cols.fold_in(&dirs.broadcast_in_dim(&[d, 2 * r], &[0])?)?;
-        let (k0, k1) = keys.words();
-        let half = |lo: i64| -> Result<Keys> {
-            Keys::new(
-                k0.slice_in_dim(lo, lo + r, 1)?,
-                k1.slice_in_dim(lo, lo + r, 1)?,
+        let (nl, d, r) = (leaves.len() as i64, dirs.shape()[0], self.r as i64);
+        if nl == 0 {
+            return Ok(Vec::new());
+        }
+        let cols = streams
+            .reshape(&[nl, 1])?
+            .fold_in(&f.iota(TensorType::u32(&[1, 2 * r]), 1)?)?
+            .reshape(&[nl, 1, 2 * r])?;
+        let factor_keys = cols.fold_in(&dirs.reshape(&[1, d, 1])?)?;
+        let dense_keys = if leaves.iter().any(|l| l.shape.len() != 2) {
+            Some(
+                streams
+                    .reshape(&[nl, 1])?
+                    .fold_in(&dirs.reshape(&[1, d])?)?,
             )
+        } else {
+            None
         };
-        if m == k {
-            let z = keys.normal(&[m])?;
-            return Ok(Noise::Factors {
-                a: z.slice_in_dim(0, r, 1)?,
-                b: z.slice_in_dim(r, 2 * r, 1)?,
+        // One segment per factor (or dense leaf): keys [d, q] drawn over `len` counters,
+        // flattened to [d, q·len].
+        let mut segments: Vec<(Keys, i64)> = Vec::new();
+        for (j, leaf) in leaves.iter().enumerate() {
+            let j = j as i64;
+            let row = |keys: &Keys, lo: i64, hi: i64, q: i64| -> Result<Keys> {
+                let (k0, k1) = keys.words();
+                let cut = |w: &Value| -> Result<Value> {
+                    let w = w.slice_in_dim(j, j + 1, 0)?;
+                    let w = if q > 0 { w.slice_in_dim(lo, hi, 2)? } else { w };
+                    w.reshape(&[d, (hi - lo).max(1)])
+                };
+                Keys::new(cut(k0)?, cut(k1)?)
+            };
+            match leaf.shape.as_slice() {
+                [m, k] => {
+                    segments.push((row(&factor_keys, 0, r, r)?, *m));
+                    segments.push((row(&factor_keys, r, 2 * r, r)?, *k));
+                }
+                _ => {
+                    let keys = dense_keys.as_ref().ok_or_else(|| {
+                        crate::builder::HloError::InvalidAttribute {
+                            op: "lowrank.noise".into(),
+                            types: String::new(),
+                            reason: "no dense keys for a non-2-D leaf".into(),
+                        }
+                    })?;
+                    segments.push((row(keys, 0, 0, 0)?, leaf.shape.iter().product()));
+                }
+            }
+        }
+        let normals = concatenated_normals(&segments)?;
+        let mut out = Vec::with_capacity(leaves.len());
+        let mut parts = normals.into_iter();
+        for leaf in leaves {
+            let mut next = || {
+                parts
+                    .next()
+                    .ok_or_else(|| crate::builder::HloError::InvalidAttribute {
+                        op: "lowrank.noise".into(),
+                        types: String::new(),
+                        reason: "one draw per segment".into(),
+                    })
+            };
+            out.push(match leaf.shape.as_slice() {
+                [m, k] => Noise::Factors {
+                    a: next()?.reshape(&[d, r, *m])?,
+                    b: next()?.reshape(&[d, r, *k])?,
+                },
+                _ => {
+                    let mut shape = vec![d];
+                    shape.extend_from_slice(&leaf.shape);
+                    Noise::Dense(next()?.reshape(&shape)?)
+                }
             });
         }
-        Ok(Noise::Factors {
-            a: half(0)?.normal(&[m])?,
-            b: half(r)?.normal(&[k])?,
-        })
+        Ok(out)
     }
+}
+
+/// Standard normals for several segments in one threefry draw: segment `(keys [d, q], len)`
+/// gets `normal(keys, [len])` flattened to `[d, q·len]`. The segments' keys and counters
+/// are concatenated along the last axis, drawn once and cut apart again.
+fn concatenated_normals(segments: &[(Keys, i64)]) -> Result<Vec<Value>> {
+    let Some((first, _)) = segments.first() else {
+        return Ok(Vec::new());
+    };
+    let f = first.words().0.func();
+    let mut k0s = Vec::new();
+    let mut k1s = Vec::new();
+    let mut ctrs = Vec::new();
+    let mut widths = Vec::new();
+    for (keys, len) in segments {
+        if *len >= 1 << 32 {
+            return Err(crate::builder::HloError::InvalidAttribute {
+                op: "lowrank.noise".into(),
+                types: String::new(),
+                reason: format!("a leaf of {len} elements; counters above 2^32 are not supported"),
+            });
+        }
+        let (d, q) = (keys.shape()[0], keys.shape()[1]);
+        let wide = [d, q, *len];
+        let flat = [d, q * len];
+        let spread =
+            |w: &Value| -> Result<Value> { w.broadcast_in_dim(&wide, &[0, 1])?.reshape(&flat) };
+        let (k0, k1) = keys.words();
+        k0s.push(spread(k0)?);
+        k1s.push(spread(k1)?);
+        ctrs.push(
+            f.iota(TensorType::u32(&[*len]), 0)?
+                .broadcast_in_dim(&wide, &[2])?
+                .reshape(&flat)?,
+        );
+        widths.push(q * len);
+    }
+    let cat = |vs: &[Value]| -> Result<Value> {
+        if vs.len() == 1 {
+            return Ok(vs[0].clone());
+        }
+        let refs: Vec<&Value> = vs.iter().collect();
+        f.concatenate(&refs, 1)
+    };
+    let keys = Keys::new(cat(&k0s)?, cat(&k1s)?)?;
+    let z = normal_of_bits(&keys.bits_at(&cat(&ctrs)?)?)?;
+    let mut out = Vec::with_capacity(widths.len());
+    let mut at = 0;
+    for w in widths {
+        out.push(z.slice_in_dim(at, at + w, 1)?);
+        at += w;
+    }
+    Ok(out)
 }
 
 /// Full-rank noise regenerated from seeds, `chunk` members at a time.
@@ -256,6 +380,10 @@ impl Strategy for Mirrored {
 
     fn noise(&self, stream: &Keys, leaf: &LeafInfo, dirs: &Value) -> Result<Noise> {
         self.0.noise(stream, leaf, dirs)
+    }
+
+    fn noise_all(&self, streams: &Keys, leaves: &[LeafInfo], dirs: &Value) -> Result<Vec<Noise>> {
+        self.0.noise_all(streams, leaves, dirs)
     }
 
     fn noise_elements(&self, leaf: &LeafInfo) -> usize {

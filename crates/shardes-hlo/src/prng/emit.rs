@@ -92,6 +92,18 @@ impl Keys {
         )
     }
 
+    /// Key `j` of a one-dimensional batch, as a scalar batch.
+    pub fn at(&self, j: i64) -> Result<Keys> {
+        if self.shape().len() != 1 || j < 0 || j >= self.shape()[0] {
+            return Err(prng_err(
+                "at",
+                format!("key {j} of a batch of shape {:?}", self.shape()),
+            ));
+        }
+        let one = |w: &Value| w.slice_in_dim(j, j + 1, 0)?.reshape(&[]);
+        Keys::new(one(&self.k0)?, one(&self.k1)?)
+    }
+
     /// Reshapes the batch of keys.
     pub fn reshape(&self, shape: &[i64]) -> Result<Keys> {
         Keys::new(self.k0.reshape(shape)?, self.k1.reshape(shape)?)
@@ -142,42 +154,65 @@ impl Keys {
         // inside its loop, so the carried key schedule stays at the batch's size.
         let mut kshape = self.shape().to_vec();
         kshape.extend(std::iter::repeat_n(1, shape.len()));
-        let keys = self.broadcast_in_dim(&kshape, &key_dims)?;
-        let zero = f.scalar(0u32)?;
-        let (y0, y1) = threefry2x32(&keys.k0, &keys.k1, &zero, &counter)?;
+        self.broadcast_in_dim(&kshape, &key_dims)?.bits_at(&counter)
+    }
+
+    /// `y0 ^ y1` of `threefry2x32(key, (0, counter))` elementwise, the keys broadcast
+    /// against `counters` (u32) numpy-style: the bits [`Keys::bits`] draws, for counters
+    /// laid out by the caller (e.g. several draws concatenated into one).
+    pub fn bits_at(&self, counters: &Value) -> Result<Value> {
+        if counters.dtype() != DType::U32 {
+            return Err(prng_err(
+                "bits_at",
+                format!("counters must be u32, got {}", counters.ty()),
+            ));
+        }
+        let zero = counters.func().scalar(0u32)?;
+        let (y0, y1) = threefry2x32(&self.k0, &self.k1, &zero, counters)?;
         y0.xor(&y1)
     }
 
     /// `uniform(key, shape, lo, hi)` in f32 for every key (shape `keys.shape() ++ shape`).
     pub fn uniform(&self, shape: &[i64], lo: f32, hi: f32) -> Result<Value> {
-        let bits = self.bits(shape)?;
-        let f = bits.func();
-        let unit = bits
-            .shift_right_logical(&f.scalar(UNIFORM_MANTISSA_SHIFT)?)?
-            .or(&f.scalar(UNIFORM_EXPONENT_BITS)?)?
-            .bitcast_convert(DType::F32)?
-            .sub(&f.scalar(1.0f32)?)?;
-        let lo_v = f.scalar(lo)?;
-        // XLA:CPU fuses this multiply-add into one FMA, which the host side mirrors.
-        unit.mul(&f.scalar(hi - lo)?)?.add(&lo_v)?.max(&lo_v)
+        uniform_of_bits(&self.bits(shape)?, lo, hi)
     }
 
     /// `normal(key, shape)` in f32 for every key: `sqrt(2) · erf_inv(uniform(nextafter(-1, 0), 1))`.
     pub fn normal(&self, shape: &[i64]) -> Result<Value> {
-        let u = self.uniform(shape, NORMAL_UNIFORM_LO, 1.0)?;
-        let f = u.func();
-        u.erf_inv()?.mul(&f.scalar(std::f32::consts::SQRT_2)?)
+        normal_of_bits(&self.bits(shape)?)
     }
+}
+
+/// The uniform f32 in `[lo, hi)` that random bits (u32) stand for, as `uniform` maps them.
+pub fn uniform_of_bits(bits: &Value, lo: f32, hi: f32) -> Result<Value> {
+    let f = bits.func();
+    let unit = bits
+        .shift_right_logical(&f.scalar(UNIFORM_MANTISSA_SHIFT)?)?
+        .or(&f.scalar(UNIFORM_EXPONENT_BITS)?)?
+        .bitcast_convert(DType::F32)?
+        .sub(&f.scalar(1.0f32)?)?;
+    let lo_v = f.scalar(lo)?;
+    // XLA:CPU fuses this multiply-add into one FMA, which the host side mirrors.
+    unit.mul(&f.scalar(hi - lo)?)?.add(&lo_v)?.max(&lo_v)
+}
+
+/// The standard normal f32 that random bits (u32) stand for, as `normal` maps them:
+/// `sqrt(2) · erf_inv(uniform(bits, nextafter(-1, 0), 1))`.
+pub fn normal_of_bits(bits: &Value) -> Result<Value> {
+    let u = uniform_of_bits(bits, NORMAL_UNIFORM_LO, 1.0)?;
+    let f = u.func();
+    u.erf_inv()?.mul(&f.scalar(std::f32::consts::SQRT_2)?)
 }
 
 /// threefry2x32 (20 rounds) elementwise over u32 values with numpy broadcasting.
 ///
-/// Emitted as JAX lowers it on CPU: the five four-round groups are one `while` loop whose
-/// carry holds the counters, the rotating key schedule and the two rotation tables, so a
-/// program with many draws stays small and compiles fast (the unrolled form is ~8× the ops).
-/// Unlike JAX, the key schedule is carried at the keys' own shape and broadcast inside the
-/// loop body: rotating full-size key arrays through the carry made XLA copy each of them on
-/// every iteration (19 % of a full-rank generation went to those copies).
+/// Emitted as JAX lowers it on CPU, with the five four-round groups as one `while` loop, so
+/// a program with many draws stays small and compiles fast (the unrolled form is ~8× the
+/// ops). Unlike JAX's loop, whose carry rotates the key schedule and the rotation tables
+/// each iteration, the carry holds only the counter and the two words: the three schedule
+/// keys stay loop-invariant (at the keys' own shape) and group `g` picks its two with
+/// `g mod 3`, its rotations with `g mod 2`. Rotating full-size key arrays made XLA copy each
+/// of them every iteration (19 % of a full-rank generation went to those copies).
 pub fn threefry2x32(k0: &Value, k1: &Value, x0: &Value, x1: &Value) -> Result<(Value, Value)> {
     let f = k0.func();
     let u = |x: u32| f.scalar(x);
@@ -193,15 +228,12 @@ pub fn threefry2x32(k0: &Value, k1: &Value, x0: &Value, x1: &Value) -> Result<(V
     let k2 = k0.xor(k1)?.xor(&u(THREEFRY_PARITY)?)?;
     let ks = [to(k0, &kshape)?, to(k1, &kshape)?, to(&k2, &kshape)?];
     // Group 0's injection, then groups 0..5 in the loop: after group g the schedule adds
-    // ks[(g+1) % 3] and ks[(g+2) % 3] + g + 1 (THREEFRY_INJECTIONS), hence the rotation.
+    // ks[(g+1) % 3] and ks[(g+2) % 3] + g + 1 (THREEFRY_INJECTIONS).
     debug_assert_eq!(THREEFRY_INJECTIONS[0], [0, 1]);
     let x0 = to(x0, &shape)?.add(&to(&ks[0], &shape)?)?;
     let x1 = to(x1, &shape)?.add(&to(&ks[1], &shape)?)?;
-    let rot = |g: usize| -> Result<Value> { f.constant(&[4], &THREEFRY_ROTATIONS[g % 2]) };
     let groups = THREEFRY_GROUPS as u32;
-    let i0 = u(0)?;
-    let (ra, rb) = (rot(0)?, rot(1)?);
-    let init = [&i0, &x0, &x1, &ks[1], &ks[2], &ks[0], &ra, &rb];
+    let init = [&u(0)?, &x0, &x1];
     let g = f.clone();
     let h = f.clone();
     let out = f.while_loop(
@@ -209,9 +241,14 @@ pub fn threefry2x32(k0: &Value, k1: &Value, x0: &Value, x1: &Value) -> Result<(V
         move |c| c[0].lt(&g.scalar(groups)?),
         move |c| {
             let (i, mut x0, mut x1) = (c[0].clone(), c[1].clone(), c[2].clone());
-            let (ka, kb, kc) = (&c[3], &c[4], &c[5]);
-            let (ra, rb) = (&c[6], &c[7]);
             let full = x0.shape().to_vec();
+            let is = |v: u32, m: u32| -> Result<Value> { i.rem(&h.scalar(m)?)?.eq(&h.scalar(v)?) };
+            // The group's rotations: table g mod 2.
+            let even = is(0, 2)?;
+            let ra = even.select(
+                &h.constant(&[4], &THREEFRY_ROTATIONS[0])?,
+                &h.constant(&[4], &THREEFRY_ROTATIONS[1])?,
+            )?;
             for k in 0..4 {
                 let r = ra.slice_in_dim(k, k + 1, 0)?.reshape(&[])?;
                 let l = h.scalar(32u32)?.sub(&r)?;
@@ -221,19 +258,20 @@ pub fn threefry2x32(k0: &Value, k1: &Value, x0: &Value, x1: &Value) -> Result<(V
                     .or(&x1.shift_right_logical(&l.broadcast_to(&full)?)?)?;
                 x1 = rotl.xor(&x0)?;
             }
+            // ks[(g + q) mod 3] for q = 1, 2.
+            let (m0, m1) = (is(0, 3)?, is(1, 3)?);
+            let pick = |q: usize| -> Result<Value> {
+                m0.select(
+                    &ks[(q) % 3],
+                    &m1.select(&ks[(1 + q) % 3], &ks[(2 + q) % 3])?,
+                )
+            };
             let next = i.add(&h.scalar(1u32)?)?;
-            x0 = x0.add(&to(ka, &full)?)?;
-            x1 = x1.add(&to(kb, &full)?)?.add(&next.broadcast_to(&full)?)?;
-            Ok(vec![
-                next,
-                x0,
-                x1,
-                kb.clone(),
-                kc.clone(),
-                ka.clone(),
-                rb.clone(),
-                ra.clone(),
-            ])
+            x0 = x0.add(&to(&pick(1)?, &full)?)?;
+            x1 = x1
+                .add(&to(&pick(2)?, &full)?)?
+                .add(&next.broadcast_to(&full)?)?;
+            Ok(vec![next, x0, x1])
         },
     )?;
     Ok((out[1].clone(), out[2].clone()))
