@@ -288,9 +288,15 @@ fn default_member_chunk_keeps_a_chunk_within_the_activation_budget() {
     for devices in [1, 2, 4, 8] {
         assert_eq!(chunk(256, devices, quickstart), 8, "{devices} devices");
     }
-    // Tiny members: the fixed cap still applies. Huge members: one pair at a time.
+    // Tiny members: the fixed cap still applies. Huge members: two directions (two
+    // mirrored pairs) at a time.
     assert_eq!(chunk(256, 8, Some(16)), DEFAULT_MEMBER_CHUNK);
-    assert_eq!(chunk(256, 8, Some(CHUNK_BYTES * 4)), 2);
+    assert_eq!(chunk(256, 8, Some(CHUNK_BYTES * 4)), 4);
+    assert_eq!(
+        chunk(16, 8, Some(CHUNK_BYTES * 4)),
+        2,
+        "only 2 members per device"
+    );
     // Zero bytes means unknown, not an unbounded chunk.
     assert_eq!(chunk(256, 8, Some(0)), DEFAULT_MEMBER_CHUNK);
     // An explicit chunk wins over the budget.
@@ -320,12 +326,12 @@ fn tell_regenerates_as_many_directions_as_fit_its_noise_budget() {
             * 4,
         per_dir
     );
-    // Every local direction fits: one step.
-    assert_eq!(low.tell_chunk(&leaves, 16), 16);
-    // 4 MiB / 6 KiB = 682 directions at most: the largest divisor of 2^20 below is 512.
-    assert_eq!(TELL_CHUNK_BYTES / per_dir, 682);
-    assert_eq!(low.tell_chunk(&leaves, 1 << 20), 512);
-    // Dense noise: the leaf's size; the largest divisor within the budget.
+    // 64 KiB / 6 KiB = 10 directions at most: the largest divisor of 16 (or 2^20) is 8.
+    assert_eq!(TELL_CHUNK_BYTES / per_dir, 10);
+    assert_eq!(low.tell_chunk(&leaves, 16), 8);
+    assert_eq!(low.tell_chunk(&leaves, 1 << 20), 8);
+    assert_eq!(low.tell_chunk(&leaves, 5), 5);
+    // Dense noise: the leaf's size. Above the budget, one direction per step.
     let dense = es(Box::new(SeedRegenerated { chunk: None }));
     let big = [LeafInfo {
         index: 0,
@@ -334,7 +340,12 @@ fn tell_regenerates_as_many_directions_as_fit_its_noise_budget() {
     }];
     assert_eq!(dense.strategy().noise_elements(&big[0]), 1 << 20);
     assert_eq!(dense.tell_chunk(&big, 12), 1);
-    assert_eq!(dense.tell_chunk(&leaves, 12), 12);
-    // 96 KiB per direction: at most 42, so 32 of 1024.
-    assert_eq!(dense.tell_chunk(&leaves, 1024), 32);
+    assert_eq!(dense.tell_chunk(&leaves, 12), 1);
+    let small = [LeafInfo {
+        index: 0,
+        path: "b".into(),
+        shape: vec![1024],
+    }];
+    // 4 KiB per direction: 16 fit.
+    assert_eq!(dense.tell_chunk(&small, 48), 16);
 }

@@ -252,8 +252,11 @@ pub const DEFAULT_MEMBER_CHUNK: usize = 32;
 /// 78, 72, 66 and 68 ms per generation for C = 32, 16, 8 and 4 at 64 KiB per member.
 pub const CHUNK_BYTES: usize = 512 * 1024;
 
-/// The noise bytes `tell` regenerates per loop step ([`ShardedES::tell_chunk`]).
-pub const TELL_CHUNK_BYTES: usize = 4 * 1024 * 1024;
+/// The noise bytes `tell` regenerates per loop step ([`ShardedES::tell_chunk`]): small
+/// enough that the draw's arrays stay in cache. `shardes bench benches/eggroll_n16384.toml
+/// --n 4096` measured `tell` (generation minus ask + apply) at 30 ms with 64 KiB, 54 ms
+/// with 256 KiB; 4 MiB took 364 ms at n = 16384.
+pub const TELL_CHUNK_BYTES: usize = 64 * 1024;
 
 impl ShardedES {
     /// Validates and builds: `n` must divide by `devices × pairing`, `sigma` finite and
@@ -404,8 +407,9 @@ impl ShardedES {
     }
 
     /// The chunk used when neither the settings nor the strategy choose one: the largest
-    /// multiple of the pairing, at most [`DEFAULT_MEMBER_CHUNK`] (and at most
-    /// [`CHUNK_BYTES`] of activation when the member size is known), that divides both the
+    /// multiple of the pairing, at most [`DEFAULT_MEMBER_CHUNK`] (and, when the member size
+    /// is known, at most [`CHUNK_BYTES`] of activation but no fewer than two directions),
+    /// that divides both the
     /// local population and `n / 8` (when 8 divides `n`). Dividing `n / 8` makes it the
     /// same on 1, 2, 4 and 8 devices, so each member's loss is computed by the same kernel
     /// shapes and is bit-identical across those device counts (rank shaping turns a 1-ulp
@@ -419,7 +423,10 @@ impl ShardedES {
             local
         };
         let cap = match self.member_bytes {
-            Some(b) => DEFAULT_MEMBER_CHUNK.min((CHUNK_BYTES / b).max(1)),
+            // At least two directions: each chunk pays a fixed cost (its PRNG draws, a
+            // loop step), and one direction per chunk measured slower for qiu_d256
+            // (482 against 406 ms per generation at 2 and 4 members).
+            Some(b) => DEFAULT_MEMBER_CHUNK.min((CHUNK_BYTES / b).max(2 * p)),
             None => DEFAULT_MEMBER_CHUNK,
         };
         (1..=cap.min(base))
@@ -430,9 +437,7 @@ impl ShardedES {
 
     /// Directions `tell` regenerates and contracts per loop step, out of `dirs`: the
     /// largest divisor of `dirs` whose noise fits [`TELL_CHUNK_BYTES`] (at least 1).
-    /// `tell` holds no activations, so its chunk is set by the noise alone: far larger
-    /// than the evaluation chunk, it makes the contraction one GEMM of `chunk` rows
-    /// instead of many small ones.
+    /// `tell` holds no activations, so its chunk is set by the noise alone.
     pub fn tell_chunk(&self, leaves: &[LeafInfo], dirs: usize) -> usize {
         let bytes: usize = 4 * leaves
             .iter()
