@@ -314,7 +314,12 @@ fn tell_regenerates_as_many_directions_as_fit_its_noise_budget() {
             .init(key(0).expect("seed"))
             .expect("init"),
     );
-    let es = |s: Box<dyn Strategy>| ShardedES::new(s, 256, 0.1, 0.1, 8).expect("valid");
+    // One direction per evaluation chunk, so the noise budget decides.
+    let es = |s: Box<dyn Strategy>| {
+        ShardedES::new(s, 256, 0.1, 0.1, 8)
+            .expect("valid")
+            .with_member_chunk(Some(2))
+    };
     // Low rank: r (m + k) elements per 2-D leaf, 6 leaves of 64 × 64 at r = 2.
     let low = es(Box::new(Mirrored(Box::new(LowRank { r: 2 }))));
     let per_dir = 4 * 6 * 2 * (64 + 64);
@@ -332,7 +337,7 @@ fn tell_regenerates_as_many_directions_as_fit_its_noise_budget() {
     assert_eq!(low.tell_chunk(&leaves, 1 << 20), 8);
     assert_eq!(low.tell_chunk(&leaves, 5), 5);
     // Dense noise: the leaf's size. Above the budget, one direction per step.
-    let dense = es(Box::new(SeedRegenerated { chunk: None }));
+    let dense = es(Box::new(SeedRegenerated { chunk: None })).with_member_chunk(Some(1));
     let big = [LeafInfo {
         index: 0,
         path: "w".into(),
@@ -348,4 +353,8 @@ fn tell_regenerates_as_many_directions_as_fit_its_noise_budget() {
     }];
     // 4 KiB per direction: 16 fit.
     assert_eq!(dense.tell_chunk(&small, 48), 16);
+    // Never fewer directions than an evaluation chunk holds (16 members, unpaired).
+    let wide = dense.with_member_chunk(Some(16));
+    assert_eq!(wide.tell_chunk(&big, 48), 16);
+    assert_eq!(wide.tell_chunk(&big, 12), 12);
 }
