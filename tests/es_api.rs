@@ -336,6 +336,9 @@ fn tell_regenerates_as_many_directions_as_fit_its_noise_budget() {
     assert_eq!(low.tell_chunk(&leaves, 16), 8);
     assert_eq!(low.tell_chunk(&leaves, 1 << 20), 8);
     assert_eq!(low.tell_chunk(&leaves, 5), 5);
+    // An evaluation chunk of 32 mirrored members holds 16 directions: tell takes 16.
+    let low_wide = es(Box::new(Mirrored(Box::new(LowRank { r: 2 })))).with_member_chunk(Some(32));
+    assert_eq!(low_wide.tell_chunk(&leaves, 64), 16);
     // Dense noise: the leaf's size. Above the budget, one direction per step.
     let dense = es(Box::new(SeedRegenerated { chunk: None })).with_member_chunk(Some(1));
     let big = [LeafInfo {

@@ -47,9 +47,9 @@ run spec crates/shardes-hlo/src/es/spec.rs
 # Host PRNG: the JAX vectors.
 root prng_host crates/shardes-hlo/src/prng/host.rs prng_vectors
 # Emitted PRNG, shaping, seams, program: through XLA.
-root prng_emit crates/shardes-hlo/src/prng/emit.rs prng_emitted
+root prng_emit crates/shardes-hlo/src/prng/emit.rs prng_emitted es_noise
 root shaping crates/shardes-hlo/src/es/shaping.rs es_shaping
-root strategy crates/shardes-hlo/src/es/strategy.rs es_gen0 es_program
+root strategy crates/shardes-hlo/src/es/strategy.rs es_noise es_api es_gen0
 root seams crates/shardes-hlo/src/nn.rs es_gen0 es_program
 root program crates/shardes-hlo/src/es/program.rs es_gen0 es_program es_api
 
