@@ -56,15 +56,16 @@ fn split_mode_with_its_own_fitness_matches_the_fused_trainer() {
     let batch = mlp_batch(2);
     let k = key(7).expect("seed");
     let mut worst = 0.0f64;
-    for (strat, shaping, devices) in [
-        ("mirrored(lowrank(r=1))", "centered_ranks", 8),
-        ("seed_regenerated(chunk=4)", "centered", 1),
+    // The last case hands `tell` one loss per task (`[n, tasks]` fitness).
+    for (strat, shaping, devices, model) in [
+        ("mirrored(lowrank(r=1))", "centered_ranks", 8, Mlp::PLAIN),
+        ("seed_regenerated(chunk=4)", "centered", 1, Mlp::PLAIN),
+        ("mirrored(lowrank(r=2))", "group_relative", 8, Mlp::MULTI),
     ] {
         let e = es(strat, shaping, devices);
-        let mut fused =
-            Trainer::new(&client, &e, &Mlp::PLAIN, &params, k, &batch, 0).expect("fused");
+        let mut fused = Trainer::new(&client, &e, &model, &params, k, &batch, 0).expect("fused");
         let mut split =
-            SplitTrainer::new(&client, &e, &Mlp::PLAIN, &params, k, &batch, 0).expect("split");
+            SplitTrainer::new(&client, &e, &model, &params, k, &batch, 0).expect("split");
         for g in 0..3 {
             let f_split = split.evaluate().expect("evaluate");
             // Evaluating twice is pure: same state, same fitness.

@@ -209,9 +209,9 @@ pub fn normal_of_bits(bits: &Value) -> Result<Value> {
 /// Emitted as JAX lowers it on CPU, with the five four-round groups as one `while` loop, so
 /// a program with many draws stays small and compiles fast (the unrolled form is ~8× the
 /// ops). Unlike JAX's loop, whose carry rotates the key schedule and the rotation tables
-/// each iteration, the carry holds only the counter and the two words: the three schedule
-/// keys stay loop-invariant (at the keys' own shape) and group `g` picks its two with
-/// `g mod 3`, its rotations with `g mod 2`. Rotating full-size key arrays made XLA copy each
+/// each iteration, the carry holds only the counter and the two words (packed into one
+/// i64, see `pack`): the three schedule keys stay loop-invariant (at the keys' own shape)
+/// and group `g` picks its two with `g mod 3`, its rotations with `g mod 2`. Rotating full-size key arrays made XLA copy each
 /// of them every iteration (19 % of a full-rank generation went to those copies).
 pub fn threefry2x32(k0: &Value, k1: &Value, x0: &Value, x1: &Value) -> Result<(Value, Value)> {
     let f = k0.func();
@@ -233,14 +233,15 @@ pub fn threefry2x32(k0: &Value, k1: &Value, x0: &Value, x1: &Value) -> Result<(V
     let x0 = to(x0, &shape)?.add(&to(&ks[0], &shape)?)?;
     let x1 = to(x1, &shape)?.add(&to(&ks[1], &shape)?)?;
     let groups = THREEFRY_GROUPS as u32;
-    let init = [&u(0)?, &x0, &x1];
+    let init = [&u(0)?, &pack(&x0, &x1)?];
     let g = f.clone();
     let h = f.clone();
     let out = f.while_loop(
         &init,
         move |c| c[0].lt(&g.scalar(groups)?),
         move |c| {
-            let (i, mut x0, mut x1) = (c[0].clone(), c[1].clone(), c[2].clone());
+            let i = c[0].clone();
+            let (mut x0, mut x1) = unpack(&c[1])?;
             let full = x0.shape().to_vec();
             let is = |v: u32, m: u32| -> Result<Value> { i.rem(&h.scalar(m)?)?.eq(&h.scalar(v)?) };
             // The group's rotations: table g mod 2.
@@ -271,10 +272,32 @@ pub fn threefry2x32(k0: &Value, k1: &Value, x0: &Value, x1: &Value) -> Result<(V
             x1 = x1
                 .add(&to(&pick(2)?, &full)?)?
                 .add(&next.broadcast_to(&full)?)?;
-            Ok(vec![next, x0, x1])
+            Ok(vec![next, pack(&x0, &x1)?])
         },
     )?;
-    Ok((out[1].clone(), out[2].clone()))
+    unpack(&out[1])
+}
+
+/// Two u32 words as one i64 (`x0` high, `x1` low). The threefry loop carries its two words
+/// packed: XLA then compiles the loop body as one fusion with one output. Carried apart, the
+/// body became two fusions, one per word, each running all four rounds (the rounds computed
+/// twice).
+fn pack(x0: &Value, x1: &Value) -> Result<Value> {
+    let f = x0.func();
+    x0.convert(DType::I64)?
+        .shift_left(&f.scalar(32i64)?.broadcast_to(x0.shape())?)?
+        .or(&x1.convert(DType::I64)?)
+}
+
+/// The two u32 words of [`pack`].
+fn unpack(x: &Value) -> Result<(Value, Value)> {
+    let f = x.func();
+    let low = |v: Value| -> Result<Value> {
+        v.and(&f.scalar(0xFFFF_FFFFi64)?.broadcast_to(x.shape())?)?
+            .convert(DType::U32)
+    };
+    let hi = low(x.shift_right_logical(&f.scalar(32i64)?.broadcast_to(x.shape())?)?)?;
+    Ok((hi, low(x.clone())?))
 }
 
 /// numpy broadcast shape of several shapes.
