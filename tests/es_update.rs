@@ -3,6 +3,9 @@
 //! `support::es::Es::contraction`, accumulated in f32 on the host from the spec's noise
 //! derivation, for the MLP with prime leaf dims (`w1 (7, 13)`, `w2 (5, 7)`, `b1 [7]`).
 //!
+//! Each case runs twice: `tell` contracting the noise `apply` kept (`how = B` under the
+//! default budget) and `tell` regenerating it (`with_keep_noise_bytes(0)`).
+//!
 //! The cases are the ones the quickstart cannot tell apart: rank r > 1 (the `1/√r` scale),
 //! and local direction counts that are not powers of two (3 and 5 per device on 8
 //! devices), so a `tell` that contracts the wrong number of directions per step drops
@@ -15,7 +18,8 @@
 mod support;
 
 use shardes::hlo::es::strategy::from_spec;
-use shardes::hlo::es::{ShardedES, StrategySpec};
+use shardes::hlo::es::{leaf_infos, ShardedES, StrategySpec, KEEP_NOISE_BYTES};
+use shardes::hlo::params::ParamTree;
 use shardes::hlo::prng::key;
 use shardes::runtime::Client;
 use support::es::{base_key, Es, Inner};
@@ -29,15 +33,35 @@ const LR: f32 = 1.0;
 const TOL: f64 = 1e-5;
 
 /// Runs generation 0 of `spec` with population `n` on `devices` devices and checks every
-/// leaf's update against the oracle.
+/// leaf's update against the oracle, with `tell` contracting the noise `apply` kept and
+/// with `tell` regenerating it.
 fn check(client: &Client, spec: &str, oracle: Es, devices: usize) {
     let parsed: StrategySpec = spec.parse().unwrap_or_else(|e| panic!("{spec}: {e}"));
-    let es = ShardedES::new(from_spec(&parsed), oracle.n, SIGMA, LR, devices)
-        .unwrap_or_else(|e| panic!("{spec}: {e}"));
     let params = mlp_params(1);
-    let g = one_generation(client, &es, &Mlp::PLAIN, &params, &mlp_batch(2));
+    for keep in [KEEP_NOISE_BYTES, 0] {
+        let es = ShardedES::new(from_spec(&parsed), oracle.n, SIGMA, LR, devices)
+            .unwrap_or_else(|e| panic!("{spec}: {e}"))
+            .with_keep_noise_bytes(keep);
+        assert_eq!(es.keeps_noise(&leaf_infos(&params)), keep > 0, "{spec}");
+        check_one(client, &es, spec, oracle, devices, &params);
+    }
+}
+
+fn check_one(
+    client: &Client,
+    es: &ShardedES,
+    spec: &str,
+    oracle: Es,
+    devices: usize,
+    params: &ParamTree,
+) {
+    let spec = format!(
+        "{spec} (kept noise: {})",
+        es.keeps_noise(&leaf_infos(params))
+    );
+    let g = one_generation(client, es, &Mlp::PLAIN, params, &mlp_batch(2));
     let weights = support::shaping::centered_ranks(&g.fitness);
-    let want = oracle.update(&params, base_key(key(7).expect("seed"), 0), &weights);
+    let want = oracle.update(params, base_key(key(7).expect("seed"), 0), &weights);
     for ((got, (path, p0)), (_, p1)) in g.update.iter().zip(params.leaves()).zip(want.leaves()) {
         let delta: Vec<f32> = p1
             .data()

@@ -210,3 +210,30 @@ fn member_keys_as_values_match_the_host() {
     );
     assert!(worst <= 1e-6, "emitted member normals off by {worst:e}");
 }
+
+/// The draws refuse what they cannot emit, each on its own condition (not only when two
+/// hold at once), and accept an empty draw.
+#[test]
+fn bad_keys_and_shapes_are_refused_one_condition_at_a_time() {
+    let m = Module::new("guards");
+    let f = m.func("main");
+    let u32_of = |shape: &[i64]| f.arg("k", TensorType::u32(shape)).unwrap();
+    // Key data: u32 with a last dimension of 2.
+    assert!(Keys::from_data(&u32_of(&[2])).is_ok());
+    assert!(Keys::from_data(&u32_of(&[3])).is_err(), "last dimension 3");
+    let f32_key = f.arg("k", TensorType::f32(&[2])).unwrap();
+    assert!(Keys::from_data(&f32_key).is_err(), "f32 key data");
+    // Key j of a one-dimensional batch.
+    let batch = Keys::from_data(&u32_of(&[4, 2])).unwrap();
+    assert!(batch.at(3).is_ok());
+    assert!(batch.at(4).is_err(), "past the end");
+    assert!(batch.at(-1).is_err(), "negative");
+    let square = Keys::from_data(&u32_of(&[2, 2, 2])).unwrap();
+    assert!(square.at(0).is_err(), "a two-dimensional batch");
+    // Counters: at most 2^32 per key, no negative dimension; empty draws are fine.
+    let one = Keys::constant(&f, prng::key(0).unwrap()).unwrap();
+    assert_eq!(one.bits(&[0]).unwrap().shape(), &[0]);
+    assert_eq!(one.bits(&[3, 0]).unwrap().shape(), &[3, 0]);
+    assert!(one.bits(&[1 << 16, 1 << 16]).is_err(), "2^32 counters");
+    assert!(one.bits(&[-1, -2]).is_err(), "negative dimensions");
+}

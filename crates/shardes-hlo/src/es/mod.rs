@@ -14,7 +14,7 @@ pub mod strategy;
 
 pub use program::{
     check_model, leaf_infos, Access, EsError, Finding, How, Layout, Model, ModelParams, Program,
-    ShardedES, CHUNK_BYTES, DEFAULT_MEMBER_CHUNK, TELL_CHUNK_BYTES,
+    ShardedES, CHUNK_BYTES, DEFAULT_MEMBER_CHUNK, KEEP_NOISE_BYTES, TELL_CHUNK_BYTES,
 };
 pub use shaping::Shaping;
 pub use spec::{SpecError, StrategySpec};

@@ -224,6 +224,7 @@ pub struct ShardedES {
     how: How,
     member_chunk: Option<usize>,
     member_bytes: Option<usize>,
+    keep_noise_bytes: usize,
 }
 
 impl std::fmt::Debug for ShardedES {
@@ -238,6 +239,7 @@ impl std::fmt::Debug for ShardedES {
             .field("how", &self.how)
             .field("member_chunk", &self.member_chunk)
             .field("member_bytes", &self.member_bytes)
+            .field("keep_noise_bytes", &self.keep_noise_bytes)
             .finish()
     }
 }
@@ -257,6 +259,13 @@ pub const CHUNK_BYTES: usize = 512 * 1024;
 /// --n 4096` measured `tell` (generation minus ask + apply) at 30 ms with 64 KiB, 54 ms
 /// with 256 KiB; 4 MiB took 364 ms at n = 16384.
 pub const TELL_CHUNK_BYTES: usize = 64 * 1024;
+
+/// The noise bytes per device that `how = B` keeps from `apply` for `tell`
+/// ([`ShardedES::keeps_noise`]): under it, each device draws its members' noise once, up
+/// front, evaluates from it and contracts it in one step; over it (large populations),
+/// `tell` regenerates the noise chunk by chunk, so memory stays bounded in `n`. 16 MiB holds
+/// eggroll_n16384 up to n = 65 536 (3 KiB per direction).
+pub const KEEP_NOISE_BYTES: usize = 16 << 20;
 
 impl ShardedES {
     /// Validates and builds: `n` must divide by `devices × pairing`, `sigma` finite and
@@ -278,6 +287,7 @@ impl ShardedES {
             how: How::B,
             member_chunk: None,
             member_bytes: None,
+            keep_noise_bytes: KEEP_NOISE_BYTES,
         };
         es.validate()?;
         Ok(es)
@@ -306,6 +316,13 @@ impl ShardedES {
     /// this ES then uses the same chunk, whichever model it is built with.
     pub fn with_member_bytes(mut self, bytes: Option<usize>) -> Self {
         self.member_bytes = bytes.filter(|&b| b > 0);
+        self
+    }
+
+    /// Sets the noise bytes per device that `how = B` keeps from `apply` for `tell`
+    /// (default [`KEEP_NOISE_BYTES`]; 0 always regenerates). More memory, a faster `tell`.
+    pub fn with_keep_noise_bytes(mut self, bytes: usize) -> Self {
+        self.keep_noise_bytes = bytes;
         self
     }
 
@@ -454,6 +471,19 @@ impl ShardedES {
             .rev()
             .find(|c| dirs.is_multiple_of(*c))
             .unwrap_or(1)
+    }
+
+    /// Whether `how = B` keeps `apply`'s noise for `tell` instead of regenerating it: when
+    /// the noise of a device's directions fits [`ShardedES::with_keep_noise_bytes`]
+    /// ([`KEEP_NOISE_BYTES`] by default). `how = A` contracts every member on every device,
+    /// so it always regenerates.
+    pub fn keeps_noise(&self, leaves: &[LeafInfo]) -> bool {
+        let bytes: usize = 4 * leaves
+            .iter()
+            .map(|l| self.strategy.noise_elements(l))
+            .sum::<usize>();
+        let dirs = self.n / self.devices.max(1) / self.strategy.pairing().max(1);
+        self.how == How::B && dirs.saturating_mul(bytes) <= self.keep_noise_bytes
     }
 
     /// `lr / (n σ)`, the f32 factor of the update, computed once.
@@ -616,6 +646,41 @@ fn streams(base: &Keys, leaves: &[LeafInfo]) -> Result<Keys, EsError> {
     Ok(base.fold_in(&ids)?)
 }
 
+/// The shapes of the values each leaf's noise is made of for one direction
+/// (`[1, ..leaf shape]` dense, `[1, r, m]` and `[1, r, k]` for factors), probed by drawing
+/// one direction in a scratch module that is then dropped: a manual computation declares
+/// its results, and a loop its carry, before their bodies are built.
+fn noise_shapes(
+    strategy: &dyn Strategy,
+    leaves: &[LeafInfo],
+) -> Result<Vec<Vec<Vec<i64>>>, EsError> {
+    let probe = Module::new("probe");
+    let f = probe.func("probe");
+    let key = Keys::from_data(&f.arg("key", TensorType::u32(&[2]))?)?;
+    let dirs = f.iota(TensorType::u32(&[1]), 0)?;
+    let noise = strategy.noise_all(&streams(&key, leaves)?, leaves, &dirs)?;
+    Ok(noise
+        .iter()
+        .map(|n| n.values().iter().map(|v| v.shape().to_vec()).collect())
+        .collect())
+}
+
+/// Rebuilds per-leaf noise from the flat values of [`Noise::values`], `ranks` as
+/// [`noise_shapes`] gave them (one entry per value of each leaf).
+fn noise_from_values<T>(values: &[Value], layout: &[Vec<T>]) -> Vec<Noise> {
+    let mut it = values.iter().cloned();
+    layout
+        .iter()
+        .filter_map(|r| match r.len() {
+            1 => it.next().map(Noise::Dense),
+            _ => match (it.next(), it.next()) {
+                (Some(a), Some(b)) => Some(Noise::Factors { a, b }),
+                _ => None,
+            },
+        })
+        .collect()
+}
+
 impl ShardedES {
     fn check_leaves(&self, leaves: &[LeafInfo]) -> Result<(), EsError> {
         for (j, l) in leaves.iter().enumerate() {
@@ -747,6 +812,7 @@ impl ShardedES {
 
     /// `apply`: every local member's loss. Runs inside the manual computation, on local
     /// values; `ids` are this device's global member ids.
+    #[allow(clippy::too_many_arguments)]
     fn apply_local(
         &self,
         model: &dyn Model,
@@ -755,7 +821,8 @@ impl ShardedES {
         params: &[Value],
         batch: &[Value],
         layout: &Layout,
-    ) -> Result<Value, EsError> {
+        keep: bool,
+    ) -> Result<(Value, Option<Vec<Noise>>), EsError> {
         let (leaves, tasks) = (&layout.leaves[..], layout.tasks);
         let f = ids.func();
         let local = ids.shape()[0];
@@ -773,10 +840,24 @@ impl ShardedES {
         if tasks > 1 {
             fshape.push(tasks as i64);
         }
-        let init = f.full(0.0f32, &fshape)?;
+        // With `keep`, the loop also writes each chunk's noise into buffers of every local
+        // direction (unless the strategy materialized it already): `apply` evaluates
+        // through exactly the ops it uses without them, so the fitness is the same bits.
+        let shapes = if keep && all.is_none() {
+            noise_shapes(self.strategy.as_ref(), leaves)?
+        } else {
+            Vec::new()
+        };
+        let mut inits = vec![f.full(0.0f32, &fshape)?];
+        for shape in shapes.iter().flatten() {
+            let mut s = shape.clone();
+            s[0] = local / p;
+            inits.push(f.full(0.0f32, &s)?);
+        }
+        let init_refs: Vec<&Value> = inits.iter().collect();
         let steps = (local / c) as i32;
         let stash = Stash::new();
-        let out = f.fori_loop(0, steps, &[&init], |i, carried| {
+        let out = f.fori_loop(0, steps, &init_refs, |i, carried| {
             stash.run("apply", || -> Result<Vec<Value>, EsError> {
                 let start = i.mul(&f.scalar(c as i32)?)?;
                 let ids_c = ids.dynamic_slice(&[&start], &[c])?;
@@ -797,10 +878,28 @@ impl ShardedES {
                 } else {
                     vec![&start]
                 };
-                Ok(vec![carried[0].dynamic_update_slice(&fit, &starts)?])
+                let mut next = vec![carried[0].dynamic_update_slice(&fit, &starts)?];
+                if !shapes.is_empty() {
+                    for (buf, v) in carried[1..]
+                        .iter()
+                        .zip(noise.iter().flat_map(Noise::values))
+                    {
+                        let mut at = vec![dstart.clone()];
+                        at.resize(v.rank(), zero.clone());
+                        let at: Vec<&Value> = at.iter().collect();
+                        next.push(buf.dynamic_update_slice(&v, &at)?);
+                    }
+                }
+                Ok(next)
             })
         });
-        Ok(stash.finish(out)?.remove(0))
+        let mut out = stash.finish(out)?;
+        let kept = match (keep, all) {
+            (false, _) => None,
+            (true, Some(all)) => Some(all),
+            (true, None) => Some(noise_from_values(&out[1..], &shapes)),
+        };
+        Ok((out.swap_remove(0), kept))
     }
 
     /// `tell`'s contraction `u_j = Σ_i w_i s_i ε_j(i)` over the given members (local ids
@@ -811,19 +910,41 @@ impl ShardedES {
         weights: &Value,
         base_key: &Value,
         leaves: &[LeafInfo],
+        kept: Option<Vec<Noise>>,
     ) -> Result<Vec<Value>, EsError> {
         let f = ids.func();
         let count = ids.shape()[0];
         let p = self.strategy.pairing() as i64;
-        let cd = self.tell_chunk(leaves, (count / p) as usize) as i64;
         let (dirs_all, signs) = directions(ids, p)?;
         let mut coef = weights.mul(&signs)?;
         if p > 1 {
             coef = coef.reshape(&[count / p, p])?.reduce_sum(&[1])?;
         }
+        // Σ_d k_d ε_d for a block of directions, per leaf.
+        let contract = |noise: &[Noise], k: &Value| -> Result<Vec<Value>, EsError> {
+            noise
+                .iter()
+                .map(|noise| {
+                    Ok(match noise {
+                        Noise::Dense(e) => {
+                            let ed: Vec<usize> = vec![0];
+                            k.dot_general(e, &dims(&[], &[], &[0], &ed))?
+                        }
+                        Noise::Factors { a, b } => {
+                            let r = a.shape()[1];
+                            let ks = k.mul(&f.scalar(1.0f32 / (r as f32).sqrt())?)?;
+                            scale_rows(a, &ks)?.dot_general(b, &dims(&[], &[], &[0, 1], &[0, 1]))?
+                        }
+                    })
+                })
+                .collect()
+        };
+        let cd = self.tell_chunk(leaves, (count / p) as usize) as i64;
         let base = Keys::from_data(base_key)?;
         let streams = streams(&base, leaves)?;
-        let all = if self.strategy.materialized() {
+        let all = if kept.is_some() {
+            kept
+        } else if self.strategy.materialized() {
             Some(self.chunk_noise(&streams, leaves, &dirs_all, None)?)
         } else {
             None
@@ -842,22 +963,11 @@ impl ShardedES {
                 let k = coef.dynamic_slice(&[&start], &[cd])?;
                 let noise =
                     self.chunk_noise(&streams, leaves, &dirs, all.as_deref().map(|n| (n, &start)))?;
-                let mut next = Vec::with_capacity(leaves.len());
-                for (noise, u) in noise.iter().zip(acc) {
-                    let term = match noise {
-                        Noise::Dense(e) => {
-                            let ed: Vec<usize> = vec![0];
-                            k.dot_general(e, &dims(&[], &[], &[0], &ed))?
-                        }
-                        Noise::Factors { a, b } => {
-                            let r = a.shape()[1];
-                            let ks = k.mul(&f.scalar(1.0f32 / (r as f32).sqrt())?)?;
-                            scale_rows(a, &ks)?.dot_general(b, &dims(&[], &[], &[0, 1], &[0, 1]))?
-                        }
-                    };
-                    next.push(u.add(&term)?);
-                }
-                Ok(next)
+                contract(&noise, &k)?
+                    .iter()
+                    .zip(acc)
+                    .map(|(term, u)| Ok(u.add(term)?))
+                    .collect()
             })
         });
         stash.finish(out)
@@ -936,7 +1046,9 @@ impl ShardedES {
         Ok((base, next))
     }
 
-    /// `apply` over the whole population: fitness `f32[n]` (or `[n, g]`), split over "pop".
+    /// `apply` over the whole population: fitness `f32[n]` (or `[n, g]`), split over "pop",
+    /// and with `keep`, the noise of every direction (`[n / pairing, ..]` per value, split
+    /// over "pop" alike) for `tell`.
     fn apply(
         &self,
         model: &dyn Model,
@@ -944,7 +1056,8 @@ impl ShardedES {
         base_key: &Value,
         params: &[Value],
         batch: &[Value],
-    ) -> Result<Value, EsError> {
+        keep: bool,
+    ) -> Result<(Value, Option<Vec<Noise>>), EsError> {
         let f = base_key.func();
         let n = self.n as i64;
         let ids = f
@@ -958,26 +1071,44 @@ impl ShardedES {
         let tasks = layout.tasks;
         let out_rank = if tasks > 1 { 2 } else { 1 };
         let nl = params.len();
+        let ranks: Vec<Vec<usize>> = if keep {
+            noise_shapes(self.strategy.as_ref(), &layout.leaves)?
+                .iter()
+                .map(|l| l.iter().map(Vec::len).collect())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let mut out_sh = vec![Sharding::split(out_rank, 0)?];
+        for r in ranks.iter().flatten() {
+            out_sh.push(Sharding::split(*r, 0)?);
+        }
         let stash = Stash::new();
-        let out = f.manual_computation(&inputs, &in_sh, &[Sharding::split(out_rank, 0)?], |loc| {
+        let out = f.manual_computation(&inputs, &in_sh, &out_sh, |loc| {
             stash.run("apply", || {
                 let (ids, key) = (&loc[0], &loc[1]);
                 let (params, batch) = (&loc[2..2 + nl], &loc[2 + nl..]);
-                Ok(vec![
-                    self.apply_local(model, ids, key, params, batch, layout)?
-                ])
+                let (fitness, kept) =
+                    self.apply_local(model, ids, key, params, batch, layout, keep)?;
+                let mut out = vec![fitness];
+                out.extend(kept.iter().flatten().flat_map(Noise::values));
+                Ok(out)
             })
         });
-        Ok(stash.finish(out)?.remove(0))
+        let mut out = stash.finish(out)?;
+        let kept = keep.then(|| noise_from_values(&out[1..], &ranks));
+        Ok((out.swap_remove(0), kept))
     }
 
-    /// `tell`: shaped weights → new parameters `θ − lr/(nσ) · u`.
+    /// `tell`: shaped weights → new parameters `θ − lr/(nσ) · u`, from the noise `apply`
+    /// kept (`how = B` only) or regenerated.
     fn tell(
         &self,
         layout: &Layout,
         base_key: &Value,
         params: &[Value],
         weights: &Value,
+        kept: Option<Vec<Noise>>,
     ) -> Result<Vec<Value>, EsError> {
         let f = base_key.func();
         let n = self.n as i64;
@@ -989,8 +1120,24 @@ impl ShardedES {
             How::A => (Sharding::replicated(1), weights.clone()),
         };
         let ids = f.iota(TensorType::u32(&[n]), 0)?.shard(&member_sh)?;
-        let inputs: Vec<&Value> = vec![&ids, &weights, base_key];
-        let in_sh = vec![member_sh.clone(), member_sh, Sharding::replicated(1)];
+        let kept_values: Vec<Value> = kept.iter().flatten().flat_map(Noise::values).collect();
+        if !kept_values.is_empty() && self.how != How::B {
+            return Err(invalid(
+                "tell was handed apply's noise under how = A".into(),
+                "keep noise only for how = B (ShardedES::keeps_noise)".into(),
+            ));
+        }
+        let ranks: Vec<Vec<usize>> = kept
+            .iter()
+            .flatten()
+            .map(|n| n.values().iter().map(|v| v.rank()).collect())
+            .collect();
+        let mut inputs: Vec<&Value> = vec![&ids, &weights, base_key];
+        inputs.extend(kept_values.iter());
+        let mut in_sh = vec![member_sh.clone(), member_sh, Sharding::replicated(1)];
+        for v in &kept_values {
+            in_sh.push(Sharding::split(v.rank(), 0)?);
+        }
         let out_sh: Vec<Sharding> = layout
             .leaves
             .iter()
@@ -1000,7 +1147,8 @@ impl ShardedES {
         let stash = Stash::new();
         let u = f.manual_computation(&inputs, &in_sh, &out_sh, |loc| {
             stash.run("tell", || -> Result<Vec<Value>, EsError> {
-                let u = self.contract_local(&loc[0], &loc[1], &loc[2], &layout.leaves)?;
+                let kept = (!ranks.is_empty()).then(|| noise_from_values(&loc[3..], &ranks));
+                let u = self.contract_local(&loc[0], &loc[1], &loc[2], &layout.leaves, kept)?;
                 match how {
                     How::B => u.iter().map(|v| Ok(v.all_reduce_sum()?)).collect(),
                     How::A => Ok(u),
@@ -1033,9 +1181,10 @@ impl ShardedES {
         batch: &[Value],
     ) -> Result<Vec<Value>, EsError> {
         let (base_key, next) = self.ask(key, generation)?;
-        let fitness = self.apply(model, layout, &base_key, params, batch)?;
+        let keep = self.keeps_noise(&layout.leaves);
+        let (fitness, kept) = self.apply(model, layout, &base_key, params, batch, keep)?;
         let weights = self.shape_fitness(&fitness)?;
-        let mut out = self.tell(layout, &base_key, params, &weights)?;
+        let mut out = self.tell(layout, &base_key, params, &weights, kept)?;
         out.push(next);
         out.push(fitness);
         Ok(out)
@@ -1164,7 +1313,7 @@ impl ShardedES {
             batch.push(f.arg_sharded(name, ty.clone(), &Sharding::replicated(ty.rank()))?);
         }
         let (base_key, _) = self.ask(&key, &generation)?;
-        let fitness = self.apply(model, &layout, &base_key, &params, &batch)?;
+        let (fitness, _) = self.apply(model, &layout, &base_key, &params, &batch, false)?;
         f.output_sharded(&fitness, &Sharding::split(fitness.rank(), 0)?)?;
         module.add(f.finish()?)?;
         Ok(Program { module, layout })
@@ -1196,7 +1345,7 @@ impl ShardedES {
         )?;
         let (base_key, next) = self.ask(&key, &generation)?;
         let weights = self.shape_fitness(&fitness)?;
-        let new_params = self.tell(&layout, &base_key, &params, &weights)?;
+        let new_params = self.tell(&layout, &base_key, &params, &weights, None)?;
         for (p, l) in new_params.iter().zip(&layout.leaves) {
             f.output_sharded(p, &Sharding::replicated(l.shape.len()))?;
         }
@@ -1222,6 +1371,7 @@ impl ShardedES {
             how: self.how,
             member_chunk: Some(self.member_chunk()?),
             member_bytes: self.member_bytes,
+            keep_noise_bytes: 0,
         };
         zero.ask_apply_program(model, leaves)
     }

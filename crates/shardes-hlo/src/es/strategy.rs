@@ -44,6 +44,14 @@ impl Noise {
         }
     }
 
+    /// The values the noise is made of: `[e]` when dense, `[a, b]` for factors.
+    pub fn values(&self) -> Vec<Value> {
+        match self {
+            Noise::Dense(e) => vec![e.clone()],
+            Noise::Factors { a, b } => vec![a.clone(), b.clone()],
+        }
+    }
+
     /// Repeats each direction `p` times along dim 0 (`[d, ..] -> [d·p, ..]`).
     pub fn repeat(&self, p: i64) -> Result<Noise> {
         if p == 1 {
