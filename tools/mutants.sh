@@ -51,7 +51,7 @@ root prng_emit crates/shardes-hlo/src/prng/emit.rs prng_emitted es_noise
 root shaping crates/shardes-hlo/src/es/shaping.rs es_shaping
 root strategy crates/shardes-hlo/src/es/strategy.rs es_noise es_api es_gen0
 root seams crates/shardes-hlo/src/nn.rs es_gen0 es_program
-root program crates/shardes-hlo/src/es/program.rs es_gen0 es_program es_api
+root program crates/shardes-hlo/src/es/program.rs es_gen0 es_update es_split es_api
 
 rm -rf "$work"
 # cargo-mutants writes DIR/mutants.out/{caught,missed,unviable,timeout}.txt.
