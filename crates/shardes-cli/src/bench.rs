@@ -100,7 +100,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         )?
         .with_shaping(shaping)
         .with_how(how)
-        .with_member_chunk(config.es.member_chunk))
+        .with_member_chunk(config.es.member_chunk)
+        .with_keep_noise_bytes(config.es.keep_noise_bytes()))
     };
     let tb = TransformerBlock {
         d_model: config.problem.d_model(),

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use shardes::hlo::es::StrategySpec;
+use shardes::hlo::es::{StrategySpec, KEEP_NOISE_BYTES};
 
 /// A user-facing configuration error: one line saying what is wrong and a hint saying how to fix it.
 #[derive(Debug, thiserror::Error)]
@@ -171,6 +171,18 @@ pub struct EsConfig {
     /// Members evaluated together per loop step on each device (default: chosen by memory).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub member_chunk: Option<usize>,
+    /// MiB of noise per device that `how = "B"` keeps from `apply` for `tell` (default 16;
+    /// 0 always regenerates it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_noise_mib: Option<usize>,
+}
+
+impl EsConfig {
+    /// The noise budget in bytes for `ShardedES::with_keep_noise_bytes`.
+    pub fn keep_noise_bytes(&self) -> usize {
+        self.keep_noise_mib
+            .map_or(KEEP_NOISE_BYTES, |m| m.saturating_mul(1 << 20))
+    }
 }
 
 /// `[run]`.
@@ -210,7 +222,7 @@ fn default_checkpoint_every() -> usize {
 }
 
 /// Valid keys per table, for unknown-key suggestions. Keep in sync with the structs above;
-/// a test checks that every key here deserializes.
+/// `every_listed_es_and_run_key_deserializes` checks the `[es]` and `[run]` lists.
 const TOP_KEYS: &[&str] = &["plugin", "devices", "problem", "es", "run"];
 const PROBLEM_KEYS: &[&str] = &[
     "name",
@@ -231,6 +243,7 @@ const ES_KEYS: &[&str] = &[
     "shaping",
     "how",
     "member_chunk",
+    "keep_noise_mib",
 ];
 const RUN_KEYS: &[&str] = &["seed", "generations", "out", "checkpoint_every"];
 
@@ -465,6 +478,31 @@ generations = 30
 out = "runs/quickstart"
 checkpoint_every = 10
 "#;
+
+    #[test]
+    fn every_listed_es_and_run_key_deserializes() {
+        let text = QUICK.replace(
+            "how = \"B\"",
+            "how = \"B\"\nmember_chunk = 8\nkeep_noise_mib = 4",
+        );
+        let c = Config::parse(&text).expect("every [es] key set");
+        assert_eq!(c.es.member_chunk, Some(8));
+        assert_eq!(c.es.keep_noise_bytes(), 4 << 20);
+        let table: toml::Table = toml::from_str(&text).expect("toml");
+        for (name, keys) in [("es", ES_KEYS), ("run", RUN_KEYS)] {
+            let set = table[name].as_table().expect("table");
+            for k in keys {
+                assert!(
+                    set.contains_key(*k),
+                    "{name}.{k} is listed but not exercised here"
+                );
+            }
+            assert_eq!(set.len(), keys.len(), "[{name}] sets a key the list lacks");
+        }
+        // Unset, the library's default budget.
+        let plain = Config::parse(QUICK).expect("quickstart");
+        assert_eq!(plain.es.keep_noise_bytes(), KEEP_NOISE_BYTES);
+    }
 
     #[test]
     fn quickstart_parses() {

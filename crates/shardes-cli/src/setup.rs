@@ -99,7 +99,8 @@ pub fn problem(config: &Config) -> anyhow::Result<Problem> {
     .map_err(|e| user(format!("es: {e}"), "change the [es] value it names"))?
     .with_shaping(shaping)
     .with_how(how)
-    .with_member_chunk(config.es.member_chunk);
+    .with_member_chunk(config.es.member_chunk)
+    .with_keep_noise_bytes(config.es.keep_noise_bytes());
     let k = key(config.run.seed).map_err(|e| {
         user(
             format!("run.seed = {}: {e}", config.run.seed),

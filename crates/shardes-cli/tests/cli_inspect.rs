@@ -48,6 +48,30 @@ fn hlo_output_compiles_again_and_optimized_lists_instructions() {
     }
 }
 
+/// `es.keep_noise_mib = 0` reaches the program: `tell` regenerates its noise, so the printed
+/// program has more loops (one `while` per threefry draw) than with the default budget.
+#[test]
+fn keep_noise_mib_zero_makes_tell_regenerate() {
+    let d = tempfile::tempdir().unwrap();
+    let base = small_config(&d.path().join("out"), 2, 1);
+    let whiles = |config: &str, name: &str| {
+        let c = write(d.path(), name, config);
+        let o = shardes(&["hlo", c.to_str().unwrap()]);
+        let (mlir, stderr) = text(&o);
+        assert_eq!(o.status.code(), Some(0), "{stderr}");
+        mlir.matches("stablehlo.while").count()
+    };
+    let kept = whiles(&base, "kept.toml");
+    let regen = whiles(
+        &base.replace("how = \"B\"", "how = \"B\"\nkeep_noise_mib = 0"),
+        "regen.toml",
+    );
+    assert!(
+        kept < regen,
+        "{kept} loops kept, {regen} with keep_noise_mib = 0"
+    );
+}
+
 #[test]
 fn check_exit_codes() {
     let d = tempfile::tempdir().unwrap();
