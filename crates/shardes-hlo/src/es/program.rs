@@ -261,10 +261,10 @@ pub const CHUNK_BYTES: usize = 512 * 1024;
 pub const TELL_CHUNK_BYTES: usize = 64 * 1024;
 
 /// The noise bytes per device that `how = B` keeps from `apply` for `tell`
-/// ([`ShardedES::keeps_noise`]): under it, each device draws its members' noise once, up
-/// front, evaluates from it and contracts it in one step; over it (large populations),
-/// `tell` regenerates the noise chunk by chunk, so memory stays bounded in `n`. 16 MiB holds
-/// eggroll_n16384 up to n = 65 536 (3 KiB per direction).
+/// ([`ShardedES::keeps_noise`]): under it, `apply`'s member loop also writes each chunk's
+/// noise into buffers of all local directions and `tell` contracts those, drawing nothing;
+/// over it (large populations), `tell` regenerates the noise chunk by chunk, so memory stays
+/// bounded in `n`. 16 MiB holds eggroll_n16384 up to n = 65 536 (3 KiB per direction).
 pub const KEEP_NOISE_BYTES: usize = 16 << 20;
 
 impl ShardedES {
@@ -665,8 +665,8 @@ fn noise_shapes(
         .collect())
 }
 
-/// Rebuilds per-leaf noise from the flat values of [`Noise::values`], `ranks` as
-/// [`noise_shapes`] gave them (one entry per value of each leaf).
+/// Rebuilds per-leaf noise from the flat values of [`Noise::values`]; `layout` has one
+/// entry per value of each leaf, as [`noise_shapes`] gives them (shapes, or their ranks).
 fn noise_from_values<T>(values: &[Value], layout: &[Vec<T>]) -> Vec<Noise> {
     let mut it = values.iter().cloned();
     layout
