@@ -112,15 +112,18 @@ impl Keys {
     /// `fold_in(key, d)` elementwise, with numpy broadcasting between the keys and `data`
     /// (u32). A scalar key folded with `data: u32[n]` gives `n` keys.
     pub fn fold_in(&self, data: &Value) -> Result<Keys> {
-        if data.dtype() != DType::U32 {
-            return Err(prng_err(
-                "fold_in",
-                format!("fold-in data must be u32, got {}", data.ty()),
-            ));
-        }
-        let zero = data.func().scalar(0u32)?;
-        let (y0, y1) = threefry2x32(&self.k0, &self.k1, &zero, data)?;
+        let (y0, y1) = self.words_at("fold_in", "fold-in data", data)?;
         Keys::new(y0, y1)
+    }
+
+    /// `threefry2x32(key, (0, x))` elementwise for u32 `x`; `op` and `what` name the caller
+    /// and its operand when `x` is not u32.
+    fn words_at(&self, op: &str, what: &str, x: &Value) -> Result<(Value, Value)> {
+        if x.dtype() != DType::U32 {
+            return Err(prng_err(op, format!("{what} must be u32, got {}", x.ty())));
+        }
+        let zero = x.func().scalar(0u32)?;
+        threefry2x32(&self.k0, &self.k1, &zero, x)
     }
 
     /// `fold_in(key, d)` with `d` known when the program is built.
@@ -161,14 +164,7 @@ impl Keys {
     /// against `counters` (u32) numpy-style: the bits [`Keys::bits`] draws, for counters
     /// laid out by the caller (e.g. several draws concatenated into one).
     pub fn bits_at(&self, counters: &Value) -> Result<Value> {
-        if counters.dtype() != DType::U32 {
-            return Err(prng_err(
-                "bits_at",
-                format!("counters must be u32, got {}", counters.ty()),
-            ));
-        }
-        let zero = counters.func().scalar(0u32)?;
-        let (y0, y1) = threefry2x32(&self.k0, &self.k1, &zero, counters)?;
+        let (y0, y1) = self.words_at("bits_at", "counters", counters)?;
         y0.xor(&y1)
     }
 
