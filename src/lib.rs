@@ -16,6 +16,7 @@ pub mod hf;
 pub mod io;
 pub mod split;
 mod state;
+pub mod tasks;
 pub mod tokenizer;
 pub mod trainer;
 
