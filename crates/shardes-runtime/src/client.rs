@@ -2,10 +2,14 @@
 
 use std::sync::Arc;
 
-use crate::buffer::{Buffer, Element};
+use crate::api::{lossy, pjrt_args, pjrt_call};
+use crate::buffer::Buffer;
+use crate::dtype::Element;
+use crate::error::{Result, RuntimeError};
 use crate::ffi;
-use crate::plugin::{lossy, pjrt_args, pjrt_call, Plugin};
-use crate::{Result, RuntimeError};
+use crate::handle::ClientInner;
+pub use crate::handle::DeviceInfo;
+use crate::plugin::Plugin;
 
 /// Options for [`Client::new`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -14,49 +18,6 @@ pub struct ClientOptions {
     /// `None` passes no option (the plugin's default, usually 1), which keeps non-CPU plugins
     /// that reject unknown options working.
     pub cpu_device_count: Option<usize>,
-}
-
-/// Description of one addressable device.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeviceInfo {
-    /// The device id reported by the plugin.
-    pub id: usize,
-    /// Device kind (e.g. `cpu`).
-    pub kind: String,
-    /// The plugin's human-readable description of the device.
-    pub description: String,
-}
-
-/// The shared state behind a [`Client`]: destroyed only when the client and every buffer and
-/// executable created from it are gone.
-pub(crate) struct ClientInner {
-    pub(crate) plugin: Arc<Plugin>,
-    pub(crate) raw: *mut ffi::PJRT_Client,
-    pub(crate) devices: Vec<*mut ffi::PJRT_Device>,
-    pub(crate) infos: Vec<DeviceInfo>,
-    pub(crate) platform: String,
-}
-
-// SAFETY: PJRT clients are thread-safe by contract; device handles are owned by the client and
-// immutable; we destroy the client exactly once, in Drop.
-unsafe impl Send for ClientInner {}
-// SAFETY: as above.
-unsafe impl Sync for ClientInner {}
-
-impl Drop for ClientInner {
-    fn drop(&mut self) {
-        let mut a = pjrt_args!(PJRT_Client_Destroy_Args);
-        a.client = self.raw;
-        // SAFETY: every buffer / executable holds an `Arc<ClientInner>`, so none is alive here;
-        // the handle is destroyed exactly once. Errors cannot be reported from Drop.
-        let _ = unsafe { pjrt_call!(&*self.plugin, PJRT_Client_Destroy, &mut a) };
-    }
-}
-
-impl ClientInner {
-    pub(crate) fn device_index(&self, d: *mut ffi::PJRT_Device) -> Option<usize> {
-        self.devices.iter().position(|&x| x == d)
-    }
 }
 
 /// A PJRT client: a set of devices of one plugin. Cheap to clone (shared handle).
@@ -201,7 +162,7 @@ impl Client {
             T::TYPE,
             dims.to_vec(),
         );
-        plugin.await_event(a.done_with_host_buffer)?;
+        plugin.api().await_event(a.done_with_host_buffer)?;
         Ok(buffer)
     }
 

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use crate::ElementType;
+use crate::dtype::ElementType;
 
 /// Convenience alias used by every fallible function of this crate.
 pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;

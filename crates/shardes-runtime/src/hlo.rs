@@ -2,8 +2,9 @@
 
 use prost::Message;
 
+use crate::dtype::ElementType;
+use crate::error::{Result, RuntimeError};
 use crate::proto;
-use crate::{ElementType, Result, RuntimeError};
 
 /// An HLO module as XLA compiled it (after SPMD partitioning: shapes are per device).
 #[derive(Debug, Clone, PartialEq)]

@@ -44,8 +44,10 @@
 
 #![warn(missing_docs)]
 
+mod api;
 mod buffer;
 mod client;
+mod dtype;
 mod error;
 mod executable;
 #[allow(
@@ -57,12 +59,14 @@ mod executable;
     clippy::all
 )]
 mod ffi;
+mod handle;
 mod hlo;
 pub mod plugin;
 mod proto;
 
-pub use buffer::{Buffer, Element, ElementType};
+pub use buffer::Buffer;
 pub use client::{gather_rows, Client, ClientOptions, DeviceInfo};
+pub use dtype::{Element, ElementType};
 pub use error::{Result, RuntimeError};
 pub use executable::{ArgSpec, CompileOptions, CompiledMemoryStats, Executable, ExecuteOptions};
 pub use hlo::{HloComputation, HloInstruction, HloModule, HloShape};

