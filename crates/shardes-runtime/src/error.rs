@@ -44,8 +44,50 @@ pub enum RuntimeError {
         path: PathBuf,
     },
 
-    /// The file exists but is not a loadable PJRT plugin (not a shared library, or a shared
-    /// library that does not export `GetPjrtApi`).
+    /// A plugin path names a directory.
+    #[error(
+        "PJRT plugin {path} is a directory, not a plugin library; fix: point to the plugin's .so \
+         file inside it (e.g. {path}/xla_cpu_pjrt.so)"
+    )]
+    PluginIsDirectory {
+        /// The path that was given.
+        path: PathBuf,
+    },
+
+    /// A plugin library is shorter than its own ELF headers say: loading it would crash the
+    /// process (SIGBUS on the first access past the end), so it is refused before `dlopen`.
+    #[error(
+        "PJRT plugin {path} is truncated ({size} bytes, but its ELF headers need {needed}); fix: \
+         copy or download the plugin again"
+    )]
+    PluginTruncated {
+        /// The file.
+        path: PathBuf,
+        /// Its size in bytes.
+        size: u64,
+        /// The size its headers need (end of the furthest segment, section or table).
+        needed: u64,
+    },
+
+    /// A pinned plugin in the cache does not match its pin (size or sha256): it was damaged
+    /// after provisioning (a partial copy, a full disk, a bad sector), so it is not loaded.
+    #[error(
+        "PJRT plugin {path} is damaged: {problem}; fix: delete it and rerun to provision it \
+         again (the pinned {package} {version} is then downloaded and checked afresh)"
+    )]
+    PluginDamaged {
+        /// The cached file.
+        path: PathBuf,
+        /// What differs from the pin, e.g. `it is truncated (1048576 bytes, expected 259284552)`.
+        problem: String,
+        /// The pinned package.
+        package: &'static str,
+        /// Its pinned version.
+        version: &'static str,
+    },
+
+    /// The file exists but is not a loadable PJRT plugin (not a regular file, not an ELF shared
+    /// object for this machine, or one that does not export `GetPjrtApi`).
     #[error(
         "{path} is not a PJRT plugin: {reason}; fix: point to a shared library that exports \
          GetPjrtApi (e.g. xla_cpu_pjrt.so)"

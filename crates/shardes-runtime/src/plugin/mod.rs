@@ -3,7 +3,10 @@
 //! See the crate documentation for the discovery order. [`locate`] finds (or provisions) a
 //! plugin file, [`Plugin::load`] opens it.
 
+mod check;
 mod provision;
+
+pub use check::MIN_PLUGIN_BYTES;
 
 pub use provision::{
     cache_root, cached_plugin_path, locate, provision, provision_into, resolve, PinnedPlugin, CPU,
@@ -86,10 +89,21 @@ fn registry() -> &'static Mutex<HashMap<PathBuf, Arc<Plugin>>> {
 }
 
 impl Plugin {
-    /// Loads the PJRT plugin at `path` (any plugin: no checksum is checked for explicit paths),
-    /// or returns the already-loaded instance for that file.
+    /// Loads the PJRT plugin at `path`, or returns the already-loaded instance for that file.
+    ///
+    /// The file is checked before it is opened, because `dlopen` of a truncated library
+    /// crashes the process: a pinned plugin in the cache (a file at
+    /// [`PinnedPlugin::cached_path`] under any root) must match its pinned size and sha256
+    /// (hashed once per file identity: a stamp file next to it records size, mtime, inode and
+    /// hash, so later processes only compare those); any
+    /// other file must be a 64-bit ELF shared object for this machine of at least
+    /// [`MIN_PLUGIN_BYTES`], no shorter than its headers say, that exports `GetPjrtApi`
+    /// (no checksum: any PJRT plugin is accepted).
     ///
     /// Errors: [`RuntimeError::PluginMissing`] if the file does not exist,
+    /// [`RuntimeError::PluginIsDirectory`] for a directory,
+    /// [`RuntimeError::PluginTruncated`] for a library shorter than its headers say,
+    /// [`RuntimeError::PluginDamaged`] for a cached pinned plugin that differs from its pin,
     /// [`RuntimeError::NotAPlugin`] if it is not a shared library exporting `GetPjrtApi`,
     /// [`RuntimeError::VersionMismatch`] if its PJRT C API major version differs.
     pub fn load(path: impl AsRef<Path>) -> Result<Arc<Plugin>> {
@@ -106,6 +120,7 @@ impl Plugin {
         if let Some(p) = map.get(&canonical) {
             return Ok(Arc::clone(p));
         }
+        check::check_plugin_file(&canonical)?;
         let plugin = Arc::new(Self::open(&canonical)?);
         map.insert(canonical, Arc::clone(&plugin));
         Ok(plugin)
