@@ -161,6 +161,21 @@ pub enum RuntimeError {
         got: usize,
     },
 
+    /// More simulated CPU devices were asked for than the CPU plugin can run programs on
+    /// (see [`crate::MAX_CPU_DEVICES`]).
+    #[error(
+        "{requested} simulated CPU devices requested, but at most {max} are supported: the XLA \
+         CPU plugin runs collectives on at most {max} threads, so with more devices every \
+         program with a collective waits forever and XLA aborts the process; fix: use at most \
+         {max} devices (devices = {max} or fewer)"
+    )]
+    TooManyDevices {
+        /// The count asked for.
+        requested: usize,
+        /// The most supported.
+        max: usize,
+    },
+
     /// A device index is out of range.
     #[error("device {device} does not exist: the client has {count} device(s)")]
     NoSuchDevice {

@@ -65,7 +65,7 @@ pub mod plugin;
 mod proto;
 
 pub use buffer::Buffer;
-pub use client::{gather_rows, Client, ClientOptions, DeviceInfo};
+pub use client::{gather_rows, Client, ClientOptions, DeviceInfo, MAX_CPU_DEVICES};
 pub use dtype::{Element, ElementType};
 pub use error::{Result, RuntimeError};
 pub use executable::{ArgSpec, CompileOptions, CompiledMemoryStats, Executable, ExecuteOptions};
