@@ -176,6 +176,16 @@ pub enum RuntimeError {
         max: usize,
     },
 
+    /// `SHARDES_LOG` holds something that is not a log level.
+    #[error(
+        "SHARDES_LOG = {value:?} is not a log level; fix: set SHARDES_LOG to error, warning, \
+         info or debug (or unset it)"
+    )]
+    UnknownLogLevel {
+        /// The value found.
+        value: String,
+    },
+
     /// A device index is out of range.
     #[error("device {device} does not exist: the client has {count} device(s)")]
     NoSuchDevice {

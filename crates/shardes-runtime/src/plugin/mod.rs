@@ -1,12 +1,15 @@
 //! Loading a PJRT plugin, and finding / provisioning one.
 //!
 //! See the crate documentation for the discovery order. [`locate`] finds (or provisions) a
-//! plugin file, [`Plugin::load`] opens it.
+//! plugin file, [`Plugin::load`] checks and opens it; [`set_log_level`] chooses how much of
+//! the plugin's own logging is shown.
 
 mod check;
+mod log;
 mod provision;
 
 pub use check::MIN_PLUGIN_BYTES;
+pub use log::{log_level, set_log_level, set_verbose, LogLevel, LOG_ENV};
 
 pub use provision::{
     cache_root, cached_plugin_path, locate, provision, provision_into, resolve, PinnedPlugin, CPU,
@@ -100,6 +103,9 @@ impl Plugin {
     /// [`MIN_PLUGIN_BYTES`], no shorter than its headers say, that exports `GetPjrtApi`
     /// (no checksum: any PJRT plugin is accepted).
     ///
+    /// Before the first plugin of the process is opened, XLA's logging is set up as
+    /// [`set_log_level`] describes (by default only its warnings and errors are shown).
+    ///
     /// Errors: [`RuntimeError::PluginMissing`] if the file does not exist,
     /// [`RuntimeError::PluginIsDirectory`] for a directory,
     /// [`RuntimeError::PluginTruncated`] for a library shorter than its headers say,
@@ -121,6 +127,7 @@ impl Plugin {
             return Ok(Arc::clone(p));
         }
         check::check_plugin_file(&canonical)?;
+        log::apply()?;
         let plugin = Arc::new(Self::open(&canonical)?);
         map.insert(canonical, Arc::clone(&plugin));
         Ok(plugin)
