@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use crate::ElementType;
+use crate::dtype::ElementType;
 
 /// Convenience alias used by every fallible function of this crate.
 pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;
@@ -44,8 +44,50 @@ pub enum RuntimeError {
         path: PathBuf,
     },
 
-    /// The file exists but is not a loadable PJRT plugin (not a shared library, or a shared
-    /// library that does not export `GetPjrtApi`).
+    /// A plugin path names a directory.
+    #[error(
+        "PJRT plugin {path} is a directory, not a plugin library; fix: point to the plugin's .so \
+         file inside it (e.g. {path}/xla_cpu_pjrt.so)"
+    )]
+    PluginIsDirectory {
+        /// The path that was given.
+        path: PathBuf,
+    },
+
+    /// A plugin library is shorter than its own ELF headers say: loading it would crash the
+    /// process (SIGBUS on the first access past the end), so it is refused before `dlopen`.
+    #[error(
+        "PJRT plugin {path} is truncated ({size} bytes, but its ELF headers need {needed}); fix: \
+         copy or download the plugin again"
+    )]
+    PluginTruncated {
+        /// The file.
+        path: PathBuf,
+        /// Its size in bytes.
+        size: u64,
+        /// The size its headers need (end of the furthest segment, section or table).
+        needed: u64,
+    },
+
+    /// A pinned plugin in the cache does not match its pin (size or sha256): it was damaged
+    /// after provisioning (a partial copy, a full disk, a bad sector), so it is not loaded.
+    #[error(
+        "PJRT plugin {path} is damaged: {problem}; fix: delete it and rerun to provision it \
+         again (the pinned {package} {version} is then downloaded and checked afresh)"
+    )]
+    PluginDamaged {
+        /// The cached file.
+        path: PathBuf,
+        /// What differs from the pin, e.g. `it is truncated (1048576 bytes, expected 259284552)`.
+        problem: String,
+        /// The pinned package.
+        package: &'static str,
+        /// Its pinned version.
+        version: &'static str,
+    },
+
+    /// The file exists but is not a loadable PJRT plugin (not a regular file, not an ELF shared
+    /// object for this machine, or one that does not export `GetPjrtApi`).
     #[error(
         "{path} is not a PJRT plugin: {reason}; fix: point to a shared library that exports \
          GetPjrtApi (e.g. xla_cpu_pjrt.so)"
@@ -117,6 +159,31 @@ pub enum RuntimeError {
         expected: usize,
         /// Length of the data.
         got: usize,
+    },
+
+    /// More simulated CPU devices were asked for than the CPU plugin can run programs on
+    /// (see [`crate::MAX_CPU_DEVICES`]).
+    #[error(
+        "{requested} simulated CPU devices requested, but at most {max} are supported: the XLA \
+         CPU plugin runs collectives on at most {max} threads, so with more devices every \
+         program with a collective waits forever and XLA aborts the process; fix: use at most \
+         {max} devices (devices = {max} or fewer)"
+    )]
+    TooManyDevices {
+        /// The count asked for.
+        requested: usize,
+        /// The most supported.
+        max: usize,
+    },
+
+    /// `SHARDES_LOG` holds something that is not a log level.
+    #[error(
+        "SHARDES_LOG = {value:?} is not a log level; fix: set SHARDES_LOG to error, warning, \
+         info or debug (or unset it)"
+    )]
+    UnknownLogLevel {
+        /// The value found.
+        value: String,
     },
 
     /// A device index is out of range.

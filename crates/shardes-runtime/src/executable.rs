@@ -4,13 +4,15 @@ use std::sync::Arc;
 
 use prost::Message;
 
-use crate::buffer::{Buffer, ElementType};
-use crate::client::{Client, ClientInner};
+use crate::api::{lossy, pjrt_args, pjrt_call};
+use crate::buffer::Buffer;
+use crate::client::Client;
+use crate::dtype::ElementType;
+use crate::error::{Result, RuntimeError};
 use crate::ffi;
+use crate::handle::ClientInner;
 use crate::hlo::HloModule;
-use crate::plugin::{lossy, pjrt_args, pjrt_call};
 use crate::proto;
-use crate::{Result, RuntimeError};
 
 /// Options for [`Client::compile`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -285,7 +287,8 @@ impl Executable {
             let mut off = 0;
             for i in 0..n {
                 out.push(ArgSpec {
-                    element_type: ElementType::from_pjrt(types[i])?,
+                    element_type: ElementType::from_pjrt(types[i])
+                        .map_err(RuntimeError::UnsupportedElementType)?,
                     dims: dims[off..off + sizes[i]]
                         .iter()
                         .map(|&x| x.max(0) as usize)
@@ -390,7 +393,7 @@ impl Executable {
             outputs.push(bufs);
         }
         for ev in events {
-            if let Err(e) = plugin.await_event(ev) {
+            if let Err(e) = plugin.api().await_event(ev) {
                 first_err.get_or_insert(e);
             }
         }

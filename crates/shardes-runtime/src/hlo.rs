@@ -1,9 +1,12 @@
 //! A decoded view of the optimized (partitioned) HLO module of an executable.
 
+use std::collections::BTreeMap;
+
 use prost::Message;
 
+use crate::dtype::ElementType;
+use crate::error::{Result, RuntimeError};
 use crate::proto;
-use crate::{ElementType, Result, RuntimeError};
 
 /// An HLO module as XLA compiled it (after SPMD partitioning: shapes are per device).
 #[derive(Debug, Clone, PartialEq)]
@@ -96,6 +99,16 @@ impl HloModule {
     /// Every instruction of every computation.
     pub fn instructions(&self) -> impl Iterator<Item = &HloInstruction> {
         self.computations.iter().flat_map(|c| c.instructions.iter())
+    }
+
+    /// How many instructions of each opcode the module holds, over all computations (entry,
+    /// fusion bodies, reducers, ...), e.g. `{"all-reduce": 1, "parameter": 5, ...}`.
+    pub fn opcode_counts(&self) -> BTreeMap<String, usize> {
+        let mut counts = BTreeMap::new();
+        for i in self.instructions() {
+            *counts.entry(i.opcode.clone()).or_insert(0) += 1;
+        }
+        counts
     }
 
     /// The entry computation, if present.

@@ -36,6 +36,15 @@
 //! atomically. When that is impossible (no python/pip, offline), the error spells out the
 //! command to run by hand and where to put the file.
 //!
+//! ## Before a plugin is opened
+//!
+//! [`Plugin::load`] checks the file first, because `dlopen` of a truncated library kills the
+//! process: a cached pinned plugin must match its pinned size and sha256, any other file must
+//! be an ELF shared object for this machine, no shorter than its headers say, that exports
+//! `GetPjrtApi`. Before the first plugin of a process is opened, XLA's own logging is set to
+//! warnings and errors ([`plugin::set_log_level`], overridden by `SHARDES_LOG=info`). A CPU
+//! client simulates at most [`MAX_CPU_DEVICES`] devices.
+//!
 //! ## Ownership
 //!
 //! Every C handle is owned by one Rust value and freed in its `Drop`. Buffers and executables
@@ -44,8 +53,10 @@
 
 #![warn(missing_docs)]
 
+mod api;
 mod buffer;
 mod client;
+mod dtype;
 mod error;
 mod executable;
 #[allow(
@@ -57,12 +68,14 @@ mod executable;
     clippy::all
 )]
 mod ffi;
+mod handle;
 mod hlo;
 pub mod plugin;
 mod proto;
 
-pub use buffer::{Buffer, Element, ElementType};
-pub use client::{gather_rows, Client, ClientOptions, DeviceInfo};
+pub use buffer::Buffer;
+pub use client::{gather_rows, Client, ClientOptions, DeviceInfo, MAX_CPU_DEVICES};
+pub use dtype::{Element, ElementType};
 pub use error::{Result, RuntimeError};
 pub use executable::{ArgSpec, CompileOptions, CompiledMemoryStats, Executable, ExecuteOptions};
 pub use hlo::{HloComputation, HloInstruction, HloModule, HloShape};

@@ -4,7 +4,9 @@ mod common;
 
 use std::path::Path;
 
-use shardes_runtime::{CompileOptions, Plugin, RuntimeError};
+use shardes_runtime::{
+    Client, ClientOptions, CompileOptions, Plugin, RuntimeError, MAX_CPU_DEVICES,
+};
 
 #[test]
 fn missing_plugin_path() {
@@ -131,4 +133,43 @@ fn more_argument_lists_than_devices() {
     let swapped: Vec<Vec<_>> = (0..8).map(|d| vec![&shards[7 - d]]).collect();
     let err = exe.execute(&swapped).unwrap_err();
     assert!(err.to_string().contains("runs on device"), "{err}");
+}
+
+/// Asking for more simulated devices than the CPU plugin can run collectives on is refused at
+/// once (it used to abort after a minute of rendezvous warnings, or hang creating devices).
+#[test]
+fn too_many_simulated_devices_are_refused_at_once() {
+    let t = std::time::Instant::now();
+    for n in [MAX_CPU_DEVICES + 1, 1000, 1_000_000, 99_999_999_999] {
+        let err = Client::cpu(n).unwrap_err();
+        match &err {
+            RuntimeError::TooManyDevices { requested, max } => {
+                assert_eq!((*requested, *max), (n, MAX_CPU_DEVICES));
+            }
+            other => panic!("expected TooManyDevices, got {other:?}"),
+        }
+        let msg = err.to_string();
+        assert!(msg.contains(&n.to_string()), "{msg}");
+        assert!(msg.contains("at most 256"), "{msg}");
+    }
+    let plugin = Plugin::load_default().unwrap();
+    let err = Client::new(
+        plugin,
+        ClientOptions {
+            cpu_device_count: Some(1000),
+        },
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, RuntimeError::TooManyDevices { .. }),
+        "{err:?}"
+    );
+    assert!(
+        t.elapsed().as_secs() < 10,
+        "refusing took {:?}",
+        t.elapsed()
+    );
+    // The limit itself works.
+    let client = Client::cpu(MAX_CPU_DEVICES).unwrap();
+    assert_eq!(client.device_count(), MAX_CPU_DEVICES);
 }

@@ -112,6 +112,18 @@ fn optimized_hlo_is_partitioned_per_device() {
         assert_eq!(outs[0].dims, [32, 16]);
         assert_eq!(outs[1].dims, [16]);
     }
+    // The column sums need exactly one cross-device reduction; the counts cover every
+    // computation (the reducer's `add` lives outside the entry computation).
+    let counts = hlo.opcode_counts();
+    assert_eq!(counts.get("all-reduce"), Some(&1), "{counts:?}");
+    assert_eq!(counts.values().sum::<usize>(), all.len(), "{counts:?}");
+    let entry_params = hlo.entry_computation().map_or(0, |c| {
+        c.instructions
+            .iter()
+            .filter(|i| i.opcode == "parameter")
+            .count()
+    });
+    assert!(counts["parameter"] > entry_params, "{counts:?}");
     // The 1-device build has the global shape and no collective.
     let client1 = common::client(1);
     let exe1 = client1
@@ -120,6 +132,7 @@ fn optimized_hlo_is_partitioned_per_device() {
     let hlo1 = exe1.optimized_hlo().unwrap();
     assert_eq!(hlo1.entry_parameters()[0].to_string(), "f32[256,16]");
     assert!(!hlo1.instructions().any(|i| i.opcode == "all-reduce"));
+    assert_eq!(hlo1.opcode_counts().get("all-reduce"), None);
 }
 
 #[test]

@@ -1,9 +1,15 @@
 //! Loading a PJRT plugin, and finding / provisioning one.
 //!
 //! See the crate documentation for the discovery order. [`locate`] finds (or provisions) a
-//! plugin file, [`Plugin::load`] opens it.
+//! plugin file, [`Plugin::load`] checks and opens it; [`set_log_level`] chooses how much of
+//! the plugin's own logging is shown.
 
+mod check;
+mod log;
 mod provision;
+
+pub use check::MIN_PLUGIN_BYTES;
+pub use log::{log_level, set_log_level, set_verbose, LogLevel, LOG_ENV};
 
 pub use provision::{
     cache_root, cached_plugin_path, locate, provision, provision_into, resolve, PinnedPlugin, CPU,
@@ -15,51 +21,9 @@ use std::mem::ManuallyDrop;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
+use crate::api::{lossy, pjrt_args, pjrt_call, Api, HasApi};
+use crate::error::{Result, RuntimeError};
 use crate::ffi;
-use crate::{Result, RuntimeError};
-
-/// Calls a function from a plugin's `PJRT_Api` table.
-///
-/// Resolves to `Err(RuntimeError::Unsupported)` when the plugin's table is too short to contain
-/// the entry (older plugin) or the entry is null, and converts a returned `PJRT_Error*` into a
-/// [`RuntimeError::Pjrt`]. Must be used inside an `unsafe` block: the caller vouches that `args`
-/// is a correctly initialised argument struct for that function.
-macro_rules! pjrt_call {
-    ($plugin:expr, $name:ident, $args:expr) => {{
-        let plugin: &$crate::plugin::Plugin = $plugin;
-        match plugin.function_available(
-            ::std::mem::offset_of!($crate::ffi::PJRT_Api, $name),
-            ::std::mem::size_of::<$crate::ffi::$name>(),
-        ) {
-            false => Err($crate::RuntimeError::Unsupported {
-                function: stringify!($name),
-            }),
-            true => match (*plugin.api()).$name {
-                None => Err($crate::RuntimeError::Unsupported {
-                    function: stringify!($name),
-                }),
-                Some(f) => plugin.check(f($args)),
-            },
-        }
-    }};
-}
-pub(crate) use pjrt_call;
-
-/// Creates a zeroed C argument struct with its `struct_size` set, as the C API requires.
-macro_rules! pjrt_args {
-    ($ty:ident) => {{
-        // SAFETY: every PJRT args struct is plain old data (integers, pointers, nullable
-        // function pointers); the all-zero pattern is its documented default.
-        // (The block is redundant when the macro is used inside another `unsafe` block.)
-        #[allow(unused_unsafe)]
-        let mut a: $crate::ffi::$ty = unsafe { ::std::mem::zeroed() };
-        // The header's size (offset + size of the last field) is what plugins compare against
-        // to learn which fields the caller knows about.
-        a.struct_size = ::paste::paste!($crate::ffi::[<$ty _STRUCT_SIZE>]) as usize;
-        a
-    }};
-}
-pub(crate) use pjrt_args;
 
 /// A loaded PJRT plugin (one per plugin file per process).
 ///
@@ -69,20 +33,18 @@ pub(crate) use pjrt_args;
 /// library, so `dlclose` while any of them may still run would crash the process.
 pub struct Plugin {
     path: PathBuf,
-    api: *const ffi::PJRT_Api,
-    api_struct_size: usize,
+    api: Api,
     version: (i32, i32),
     attributes: Vec<(String, AttributeValue)>,
     // Never dropped: see the type's documentation.
     _library: ManuallyDrop<libloading::Library>,
 }
 
-// SAFETY: the PJRT C API is thread-safe by contract (XLA's clients are used from many threads by
-// JAX), the `PJRT_Api` table is immutable after `GetPjrtApi`, and the other fields are owned
-// Rust values.
-unsafe impl Send for Plugin {}
-// SAFETY: as above; `&Plugin` only exposes immutable data and thread-safe C calls.
-unsafe impl Sync for Plugin {}
+impl HasApi for Plugin {
+    fn pjrt_api(&self) -> &Api {
+        &self.api
+    }
+}
 
 impl std::fmt::Debug for Plugin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -130,10 +92,24 @@ fn registry() -> &'static Mutex<HashMap<PathBuf, Arc<Plugin>>> {
 }
 
 impl Plugin {
-    /// Loads the PJRT plugin at `path` (any plugin: no checksum is checked for explicit paths),
-    /// or returns the already-loaded instance for that file.
+    /// Loads the PJRT plugin at `path`, or returns the already-loaded instance for that file.
+    ///
+    /// The file is checked before it is opened, because `dlopen` of a truncated library
+    /// crashes the process: a pinned plugin in the cache (a file at
+    /// [`PinnedPlugin::cached_path`] under any root) must match its pinned size and sha256
+    /// (hashed once per file identity: a stamp file next to it records size, mtime, inode and
+    /// hash, so later processes only compare those); any
+    /// other file must be a 64-bit ELF shared object for this machine of at least
+    /// [`MIN_PLUGIN_BYTES`], no shorter than its headers say, that exports `GetPjrtApi`
+    /// (no checksum: any PJRT plugin is accepted).
+    ///
+    /// Before the first plugin of the process is opened, XLA's logging is set up as
+    /// [`set_log_level`] describes (by default only its warnings and errors are shown).
     ///
     /// Errors: [`RuntimeError::PluginMissing`] if the file does not exist,
+    /// [`RuntimeError::PluginIsDirectory`] for a directory,
+    /// [`RuntimeError::PluginTruncated`] for a library shorter than its headers say,
+    /// [`RuntimeError::PluginDamaged`] for a cached pinned plugin that differs from its pin,
     /// [`RuntimeError::NotAPlugin`] if it is not a shared library exporting `GetPjrtApi`,
     /// [`RuntimeError::VersionMismatch`] if its PJRT C API major version differs.
     pub fn load(path: impl AsRef<Path>) -> Result<Arc<Plugin>> {
@@ -150,6 +126,8 @@ impl Plugin {
         if let Some(p) = map.get(&canonical) {
             return Ok(Arc::clone(p));
         }
+        check::check_plugin_file(&canonical)?;
+        log::apply()?;
         let plugin = Arc::new(Self::open(&canonical)?);
         map.insert(canonical, Arc::clone(&plugin));
         Ok(plugin)
@@ -204,8 +182,9 @@ impl Plugin {
         }
         let mut plugin = Plugin {
             path: path.to_path_buf(),
-            api,
-            api_struct_size: struct_size,
+            // SAFETY: `api` is non-null and points to the plugin's static table of at least
+            // `struct_size` bytes; the library is never unloaded (`_library` is never dropped).
+            api: unsafe { Api::new(api, struct_size) },
             version: (major, minor),
             attributes: Vec::new(),
             _library: ManuallyDrop::new(library),
@@ -292,102 +271,10 @@ impl Plugin {
         self.attribute("stablehlo_minimum_version")
     }
 
-    pub(crate) fn api(&self) -> *const ffi::PJRT_Api {
-        self.api
+    /// The plugin's function table.
+    pub(crate) fn api(&self) -> &Api {
+        &self.api
     }
-
-    /// Whether the table entry at `offset` (of `size` bytes) lies within the plugin's table.
-    pub(crate) fn function_available(&self, offset: usize, size: usize) -> bool {
-        offset + size <= self.api_struct_size
-    }
-
-    /// Converts a `PJRT_Error*` into a `Result`, destroying the error.
-    pub(crate) fn check(&self, err: *mut ffi::PJRT_Error) -> Result<()> {
-        if err.is_null() {
-            return Ok(());
-        }
-        let mut msg = pjrt_args!(PJRT_Error_Message_Args);
-        msg.error = err;
-        let mut code = pjrt_args!(PJRT_Error_GetCode_Args);
-        code.error = err;
-        // SAFETY: `err` is a live error object returned by this plugin; the message pointer
-        // is valid until the error is destroyed, which happens last.
-        unsafe {
-            let api = &*self.api;
-            let message = match api.PJRT_Error_Message {
-                Some(f) => {
-                    f(&mut msg);
-                    lossy(msg.message, msg.message_size)
-                }
-                None => String::from("(plugin offers no error message)"),
-            };
-            let code_name = match api.PJRT_Error_GetCode {
-                Some(f) if f(&mut code).is_null() => code_name(code.code),
-                _ => "UNKNOWN".to_string(),
-            };
-            if let Some(destroy) = api.PJRT_Error_Destroy {
-                let mut d = pjrt_args!(PJRT_Error_Destroy_Args);
-                d.error = err;
-                destroy(&mut d);
-            }
-            Err(RuntimeError::Pjrt {
-                code: code_name,
-                message,
-            })
-        }
-    }
-
-    /// Waits for `event` (if non-null), destroys it, and returns its status.
-    pub(crate) fn await_event(&self, event: *mut ffi::PJRT_Event) -> Result<()> {
-        if event.is_null() {
-            return Ok(());
-        }
-        let mut a = pjrt_args!(PJRT_Event_Await_Args);
-        a.event = event;
-        // SAFETY: `event` is a live event owned by us; it is destroyed exactly once below.
-        let status = unsafe { pjrt_call!(self, PJRT_Event_Await, &mut a) };
-        let mut d = pjrt_args!(PJRT_Event_Destroy_Args);
-        d.event = event;
-        // SAFETY: as above.
-        let destroyed = unsafe { pjrt_call!(self, PJRT_Event_Destroy, &mut d) };
-        status.and(destroyed)
-    }
-}
-
-/// Copies a (pointer, length) C string into a `String`, replacing invalid UTF-8.
-///
-/// # Safety
-/// `p` must be null or valid for `len` bytes.
-pub(crate) unsafe fn lossy(p: *const std::os::raw::c_char, len: usize) -> String {
-    if p.is_null() || len == 0 {
-        return String::new();
-    }
-    // SAFETY: guaranteed by the caller.
-    let bytes = unsafe { std::slice::from_raw_parts(p as *const u8, len) };
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-fn code_name(code: ffi::PJRT_Error_Code) -> String {
-    let name = match code {
-        ffi::PJRT_Error_Code_CANCELLED => "CANCELLED",
-        ffi::PJRT_Error_Code_UNKNOWN => "UNKNOWN",
-        ffi::PJRT_Error_Code_INVALID_ARGUMENT => "INVALID_ARGUMENT",
-        ffi::PJRT_Error_Code_DEADLINE_EXCEEDED => "DEADLINE_EXCEEDED",
-        ffi::PJRT_Error_Code_NOT_FOUND => "NOT_FOUND",
-        ffi::PJRT_Error_Code_ALREADY_EXISTS => "ALREADY_EXISTS",
-        ffi::PJRT_Error_Code_PERMISSION_DENIED => "PERMISSION_DENIED",
-        ffi::PJRT_Error_Code_RESOURCE_EXHAUSTED => "RESOURCE_EXHAUSTED",
-        ffi::PJRT_Error_Code_FAILED_PRECONDITION => "FAILED_PRECONDITION",
-        ffi::PJRT_Error_Code_ABORTED => "ABORTED",
-        ffi::PJRT_Error_Code_OUT_OF_RANGE => "OUT_OF_RANGE",
-        ffi::PJRT_Error_Code_UNIMPLEMENTED => "UNIMPLEMENTED",
-        ffi::PJRT_Error_Code_INTERNAL => "INTERNAL",
-        ffi::PJRT_Error_Code_UNAVAILABLE => "UNAVAILABLE",
-        ffi::PJRT_Error_Code_DATA_LOSS => "DATA_LOSS",
-        ffi::PJRT_Error_Code_UNAUTHENTICATED => "UNAUTHENTICATED",
-        other => return format!("code {other}"),
-    };
-    name.to_string()
 }
 
 #[cfg(test)]
@@ -399,17 +286,10 @@ mod tests {
     #[test]
     fn functions_beyond_the_plugin_table_are_unsupported() {
         let real = Plugin::load_default().expect("a PJRT plugin");
-        // SAFETY: re-opening an already loaded library only bumps its reference count.
-        let library = unsafe { libloading::Library::new(real.path()) }.unwrap();
         let cut = std::mem::offset_of!(ffi::PJRT_Api, PJRT_Client_Create);
-        let short = Plugin {
-            path: real.path().to_path_buf(),
-            api: real.api(),
-            api_struct_size: cut,
-            version: real.api_version(),
-            attributes: Vec::new(),
-            _library: ManuallyDrop::new(library),
-        };
+        // SAFETY: the real plugin's table, which lives for the rest of the process, with a
+        // shorter size than it really has (every byte below `cut` is readable).
+        let short = unsafe { Api::new(real.api().table(), cut) };
         let mut args = pjrt_args!(PJRT_Client_Create_Args);
         // SAFETY: the call is refused before the table entry is touched.
         let r = unsafe { pjrt_call!(&short, PJRT_Client_Create, &mut args) };

@@ -7,7 +7,7 @@ use std::process::Command;
 
 use sha2::{Digest, Sha256};
 
-use crate::{Result, RuntimeError};
+use crate::error::{Result, RuntimeError};
 
 /// A PJRT plugin pinned by package version and checksums, provisionable through pip.
 ///
@@ -28,6 +28,10 @@ pub struct PinnedPlugin {
     pub so_path_in_wheel: &'static str,
     /// sha256 of the plugin library.
     pub so_sha256: &'static str,
+    /// Size of the plugin library in bytes, where known; checked on every load of the cached
+    /// file (see [`crate::Plugin::load`]). `None` until someone records it: the sha256 is
+    /// still checked, and the size is then compared with the one recorded when it was.
+    pub so_size: Option<u64>,
     /// pip flags that select the pinned wheel (platform and Python tags).
     pub pip_select: &'static [&'static str],
     /// The importable module whose directory holds the library when the package is
@@ -47,6 +51,7 @@ pub const CPU: PinnedPlugin = PinnedPlugin {
     wheel_sha256: "55837b6b7b47daa717f2d9a5a03563ea0ceaa338d06a81a1e2d3f060d960decc",
     so_path_in_wheel: "xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so",
     so_sha256: "88c3f28c5900f48ad4a82cab9e79bba9537809743395e341485f8794268820dc",
+    so_size: Some(259_284_552),
     pip_select: &[],
     module: "xla_plugins.xla_cpu_pjrt",
     env: "SHARDES_PJRT_PLUGIN",
@@ -61,6 +66,7 @@ pub const CUDA: PinnedPlugin = PinnedPlugin {
     wheel_sha256: "5ec28e06198d094031c37590b4ea753ae8cde4879ab4b60baf40f0dffb673286",
     so_path_in_wheel: "jax_plugins/xla_cuda12/xla_cuda_plugin.so",
     so_sha256: "921aaa9c635255fb7b7a660d11c8f702c78a70e7f7d005d4f377c2dc5f0fede2",
+    so_size: None,
     pip_select: &["--platform", "manylinux_2_27_x86_64"],
     module: "jax_plugins.xla_cuda12",
     env: "SHARDES_PJRT_CUDA",
@@ -78,6 +84,7 @@ pub const TPU: PinnedPlugin = PinnedPlugin {
     wheel_sha256: "ba67ddbfdbac61c8da1fafc26cd51b93e9fe4d298016e2882eb986b1718cba34",
     so_path_in_wheel: "libtpu/libtpu.so",
     so_sha256: "ad0b2a3bc5d4de96f653b3701aaed8769a691776ca0e14c791dcdca785d43e42",
+    so_size: None,
     pip_select: &[
         "--platform",
         "manylinux_2_31_x86_64",
@@ -117,8 +124,9 @@ const REPO_DIR: &str = "xla_extension";
 /// (searched upwards from the current directory, then next to the crate's source tree) → the
 /// per-user cache (see [`cache_root`]); if the cache is empty, [`provision`] fills it.
 ///
-/// An explicit path or the environment variable must name an existing file; it is not
-/// checksummed (any PJRT plugin is accepted). Errors list every path that was tried.
+/// An explicit path or the environment variable must name an existing file (a directory is
+/// refused as such); it is not checksummed (any PJRT plugin is accepted). Errors list every
+/// path that was tried.
 pub fn locate(explicit: Option<&Path>) -> Result<PathBuf> {
     if let Some(p) = explicit {
         return existing(p);
@@ -168,13 +176,19 @@ impl PinnedPlugin {
     /// `root/pjrt/<package>-<version>-<first 12 hex of the library's sha256>/<file>`.
     pub fn cached_path(&self, root: &Path) -> PathBuf {
         root.join("pjrt")
-            .join(format!(
-                "{}-{}-{}",
-                self.package,
-                self.version,
-                &self.so_sha256[..12]
-            ))
+            .join(self.cache_dir_name())
             .join(self.so_file_name())
+    }
+
+    /// `<package>-<version>-<first 12 hex of the library's sha256>`: the cache directory's
+    /// name, by which a cached copy is also recognised when loaded.
+    pub(crate) fn cache_dir_name(&self) -> String {
+        format!(
+            "{}-{}-{}",
+            self.package,
+            self.version,
+            &self.so_sha256[..12]
+        )
     }
 
     /// Finds this plugin: the environment variable [`PinnedPlugin::env`], then the package
@@ -241,6 +255,10 @@ fn python_module_dir(module: &str) -> Option<PathBuf> {
 fn existing(p: &Path) -> Result<PathBuf> {
     if p.is_file() {
         Ok(p.to_path_buf())
+    } else if p.is_dir() {
+        Err(RuntimeError::PluginIsDirectory {
+            path: p.to_path_buf(),
+        })
     } else {
         Err(RuntimeError::PluginMissing {
             path: p.to_path_buf(),
@@ -516,7 +534,7 @@ fn manual_steps_for(p: &PinnedPlugin, dir: &Path) -> String {
     )
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub(super) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
