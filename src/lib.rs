@@ -9,8 +9,8 @@
 //! - [`trainer`] keeps an ES run's state on the devices and steps it;
 //! - [`io`] reads and writes parameter trees as safetensors.
 //!
-//! The default feature `models` adds Hugging Face checkpoints ([`hf`]), tokenizers
-//! ([`tokenizer`]) and the Qwen2 problem ([`problem::qwen2`]); without it the core does not
+//! The default feature `models` adds Hugging Face checkpoints (`hf`), tokenizers
+//! (`tokenizer`) and the Qwen2 problem (`problem::qwen2`); without it the core does not
 //! compile the `tokenizers` crate.
 
 pub use shardes_hlo as hlo;
