@@ -10,47 +10,27 @@
 //! checkpoints. `tests/quickstart_example.rs` includes this file and checks that the loss
 //! falls.
 
-use shardes::hlo::es::strategy::{LowRank, Mirrored};
-use shardes::hlo::es::{Model, ShardedES};
-use shardes::hlo::prng::{fold_in, key};
+use shardes::hlo::es::{
+    strategy::{LowRank, Mirrored},
+    ShardedES,
+};
 use shardes::hlo::problems::transformer_block::TransformerBlock;
-use shardes::runtime::Client;
-use shardes::Trainer;
+use shardes::{runtime::Client, Problem, Trainer};
 
-/// Simulated CPU devices the population is split over.
-pub const DEVICES: usize = 8;
-
-/// Runs the quickstart for `generations` generations and returns each generation's mean
-/// loss over the population.
+/// Runs the quickstart for `generations` generations on 8 simulated CPU devices and returns
+/// each generation's mean loss over the population.
 pub fn quickstart(generations: usize) -> Result<Vec<f64>, Box<dyn std::error::Error>> {
-    let problem = TransformerBlock::QUICKSTART;
-    // key = key(seed); params = init(key); batch = make_batch(fold_in(key, 1)).
-    let k = key(0)?;
-    let params = problem.init(k)?;
-    let batch = problem.make_batch(fold_in(k, 1))?;
-    let es = ShardedES::new(
-        Box::new(Mirrored(Box::new(LowRank { r: 1 }))),
-        256,
-        0.01,
-        0.01,
-        DEVICES,
-    )?
-    .with_member_bytes(problem.member_bytes());
-    let client = Client::cpu(DEVICES)?;
-    let mut trainer = Trainer::new(
-        &client,
-        &es,
-        &problem,
-        &params,
-        k,
-        &[batch.x, batch.target],
-        0,
-    )?;
+    // key = key(0); params = init(key); batch = make_batch(fold_in(key, 1)).
+    let problem = Problem::transformer_block(TransformerBlock::QUICKSTART, 0)?;
+    let strategy = Box::new(Mirrored(Box::new(LowRank { r: 1 })));
+    // Member bytes size the member chunks (and so the program) as `shardes run` sizes them.
+    let es = ShardedES::new(strategy, 256, 0.01, 0.01, 8)?
+        .with_member_bytes(problem.model.member_bytes());
+    let mut trainer = Trainer::new(&Client::cpu(8)?, &es, &problem)?;
     let mut means = Vec::with_capacity(generations);
     for _ in 0..generations {
         let fitness = trainer.step()?;
-        let sum: f64 = fitness.iter().map(|&f| f64::from(f)).sum();
-        means.push(sum / fitness.len() as f64);
+        means.push(fitness.iter().map(|&f| f64::from(f)).sum::<f64>() / fitness.len() as f64);
     }
     Ok(means)
 }

@@ -6,7 +6,7 @@
 //! so machine noise (other processes, frequency changes) hits all of them alike. Each
 //! timed dispatch ends with the fitness copied to the host, which also synchronises.
 //!
-//! FLOPs are counted analytically from the model ([`Flops::transformer_block`]): the
+//! FLOPs are counted analytically by the model ([`TransformerBlock::generation_flops`]): the
 //! optimized HLO the runtime exposes carries shapes but no operands or loop trip counts,
 //! so counting its dots would need both. The count is the work the algorithm must do:
 //! base products shared by the population once per device (each device needs them for
@@ -82,38 +82,17 @@ pub fn noise_rank(es: &ShardedES) -> Result<Option<usize>, Error> {
 }
 
 impl Flops {
-    /// The transformer block's FLOPs (multiply-add = 2) with `T = batch·seq` tokens per
-    /// member, `S = seq`, width `d`:
-    /// - inference, per member: six `d × d` products `12 T d²` + attention `4 T S d`;
-    /// - low rank `r`: `wq, wk, wv` read the shared input, so their base products run once
-    ///   per device (`6 T d²` each); per member `wo, w_up, w_down` (`6 T d²`),
-    ///   six rank-`r` corrections (`24 T d r`) and attention; the update `2 r d²` per leaf
-    ///   and direction;
-    /// - dense noise: per member the inference work; the update `2 d²` per leaf and
-    ///   direction.
+    /// The transformer block's counts:
+    /// [`TransformerBlock::generation_flops`] and [`TransformerBlock::inference_flops`] for
+    /// `es`'s population, pairing and devices.
     pub fn transformer_block(
         tb: &TransformerBlock,
         es: &ShardedES,
         rank: Option<usize>,
     ) -> Result<Flops, Error> {
-        let (t, s, d) = ((tb.batch * tb.seq) as f64, tb.seq as f64, tb.d_model as f64);
-        let n = es.n() as f64;
-        let dirs = n / es.strategy().pairing() as f64;
-        let devices = es.devices() as f64;
-        let attention = 4.0 * t * s * d;
-        let inference = n * (12.0 * t * d * d + attention);
-        let generation = match rank {
-            Some(r) => {
-                let r = r as f64;
-                devices * 6.0 * t * d * d
-                    + n * (6.0 * t * d * d + 24.0 * t * d * r + attention)
-                    + 6.0 * dirs * 2.0 * r * d * d
-            }
-            None => inference + 6.0 * dirs * 2.0 * d * d,
-        };
         Ok(Flops {
-            generation,
-            inference,
+            generation: tb.generation_flops(es.n(), es.strategy().pairing(), es.devices(), rank),
+            inference: tb.inference_flops(es.n()),
         })
     }
 }
@@ -240,17 +219,7 @@ pub struct BenchInput<'a> {
     pub flops: Option<Flops>,
 }
 
-/// Peak resident set size of this process (`VmHWM` in `/proc/self/status`), bytes; 0
-/// where the file does not exist.
-pub fn peak_rss_bytes() -> u64 {
-    let Ok(s) = std::fs::read_to_string("/proc/self/status") else {
-        return 0;
-    };
-    s.lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
-}
+pub use crate::process::peak_rss_bytes;
 
 fn ms_since(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e3
@@ -621,77 +590,6 @@ pub fn run(
         host_overhead_ms: overhead,
         peak_rss_bytes: peak_rss_bytes(),
     })
-}
-
-impl BenchReport {
-    /// The human table.
-    pub fn table(&self) -> String {
-        let mut s = String::new();
-        s.push_str(&format!(
-            "{} n={} devices={} member_chunk={} rounds={}\n",
-            self.strategy, self.n, self.devices, self.member_chunk, self.rounds
-        ));
-        s.push_str(&format!(
-            "{:<26}{:>14}{:>14}\n",
-            "", "generation", "inference"
-        ));
-        for v in &self.variants {
-            s.push_str(&format!(
-                "how {} (×{}/dispatch)\n",
-                v.how, v.generations_per_dispatch
-            ));
-            s.push_str(&format!(
-                "  {:<24}{:>14.1}{:>14.1}\n",
-                "emission ms", v.emit_ms, self.inference_emit_ms
-            ));
-            s.push_str(&format!(
-                "  {:<24}{:>14.0}{:>14.0}\n",
-                "compile ms", v.compile_ms, self.inference_compile_ms
-            ));
-            s.push_str(&format!(
-                "  {:<24}{:>14.2}{:>14.2}\n",
-                "ms (median)", v.generation_ms.median, self.inference_ms.median
-            ));
-            s.push_str(&format!(
-                "  {:<24}{:>14}{:>14}\n",
-                "ms (min..max)",
-                format!("{:.2}..{:.2}", v.generation_ms.min, v.generation_ms.max),
-                format!("{:.2}..{:.2}", self.inference_ms.min, self.inference_ms.max)
-            ));
-            s.push_str(&format!(
-                "  {:<24}{:>14.3}\n",
-                "generation / inference", v.ratio_to_inference
-            ));
-            s.push_str(&format!(
-                "  {:<24}{:>14.1}{:>14.1}\n",
-                "GFLOP/s", v.gflops, self.inference_gflops
-            ));
-            s.push_str(&format!(
-                "  {:<24}{:>13.1}%\n",
-                "of GEMM peak",
-                100.0 * v.peak_fraction
-            ));
-            s.push_str(&format!(
-                "  {:<24}{:>14.1}\n",
-                "temp MiB/device",
-                v.temp_bytes as f64 / 1048576.0
-            ));
-        }
-        s.push_str(&format!(
-            "ask + apply alone (no tell) {:.2} ms ({:.2}..{:.2})\n",
-            self.apply_ms.median, self.apply_ms.min, self.apply_ms.max
-        ));
-        s.push_str(&format!(
-            "GEMM peak {:.1} GFLOP/s; host overhead {:.3} ms/dispatch ({:.3}..{:.3}); \
-             peak RSS {:.0} MiB\n",
-            self.gemm_peak_gflops,
-            self.host_overhead_ms.median,
-            self.host_overhead_ms.min,
-            self.host_overhead_ms.max,
-            self.peak_rss_bytes as f64 / 1048576.0
-        ));
-        s
-    }
 }
 
 /// Operation counts by kind in a program's MLIR text (`stablehlo.dot_general`,

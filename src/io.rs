@@ -169,8 +169,10 @@ pub fn write_named<S: AsRef<str>>(
     write_atomic(path, &buf)
 }
 
-/// Writes `bytes` to a temporary file next to `path`, syncs it and renames it over `path`.
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), IoError> {
+/// Writes `bytes` to `path` atomically: a temporary sibling (`.NAME.tmpPID`) is written,
+/// synced and renamed over `path`, and the directory is synced so the rename survives a
+/// crash. A reader sees the old file or the new one, never a part.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), IoError> {
     let err = |source| IoError::Write {
         path: path.to_path_buf(),
         source,

@@ -5,21 +5,33 @@
 //! users depend on and adds what needs both of them:
 //! - [`hlo`] builds programs (builder, PRNG, seams, ES, problems);
 //! - [`runtime`] runs them through a PJRT plugin;
+//! - [`problem`] turns a problem description into a model, parameters, a batch and a key;
 //! - [`trainer`] keeps an ES run's state on the devices and steps it;
 //! - [`io`] reads and writes parameter trees as safetensors.
+//!
+//! The default feature `models` adds Hugging Face checkpoints (`hf`), tokenizers
+//! (`tokenizer`) and the Qwen2 problem (`problem::qwen2`); without it the core does not
+//! compile the `tokenizers` crate.
 
 pub use shardes_hlo as hlo;
 pub use shardes_runtime as runtime;
 
 pub mod bench;
+#[cfg(feature = "models")]
 pub mod hf;
 pub mod io;
+pub mod problem;
+pub mod process;
 pub mod split;
 mod state;
 pub mod tasks;
+#[cfg(feature = "models")]
 pub mod tokenizer;
 pub mod trainer;
 
+#[cfg(feature = "models")]
+pub use problem::qwen2::{Qwen2Source, Qwen2Weights};
+pub use problem::{Problem, ProblemError};
 pub use split::{HostFitness, SplitTrainer};
 pub use trainer::{BuildTimes, Trainer};
 
@@ -41,6 +53,12 @@ pub enum Error {
     /// A building block refused its input.
     #[error(transparent)]
     Hlo(#[from] hlo::builder::HloError),
+    /// A problem could not be built from its description.
+    #[error(transparent)]
+    Problem(#[from] ProblemError),
+    /// A task (prompts, rewards, chat template) refused its input.
+    #[error(transparent)]
+    Task(#[from] tasks::TaskError),
     /// Anything else a caller got wrong; the message says what to change.
     #[error("{0}")]
     Invalid(String),

@@ -13,6 +13,7 @@ use shardes_hlo::params::{Array, ParamTree};
 use shardes_hlo::prng::Key;
 use shardes_runtime::{gather_rows, Buffer, Client, CompileOptions, Executable};
 
+use crate::problem::Problem;
 use crate::state::{check_devices, DeviceState};
 use crate::Error;
 
@@ -37,10 +38,24 @@ pub struct Trainer {
 }
 
 impl Trainer {
+    /// Builds, compiles and uploads `problem`: its parameters and batch are replicated on
+    /// every device, the state starts at generation 0 with the problem's key.
+    pub fn new(client: &Client, es: &ShardedES, problem: &Problem) -> Result<Trainer, Error> {
+        Self::with_state(
+            client,
+            es,
+            &*problem.model,
+            &problem.params,
+            problem.key,
+            &problem.batch,
+            0,
+        )
+    }
+
     /// Builds, compiles and uploads: `params` and `batch` (one array per
     /// [`Model::batch_types`] entry, in order) are replicated on every device;
-    /// the state starts at `generation`.
-    pub fn new(
+    /// the state starts at `generation` (e.g. a checkpoint's, to resume a run).
+    pub fn with_state(
         client: &Client,
         es: &ShardedES,
         model: &dyn Model,
@@ -52,7 +67,7 @@ impl Trainer {
         Self::with_generations_per_dispatch(client, es, model, params, key, batch, generation, 1)
     }
 
-    /// Like [`Trainer::new`], but each dispatch runs `per_dispatch` generations inside one
+    /// Like [`Trainer::with_state`], but each dispatch runs `per_dispatch` generations inside one
     /// executable ([`ShardedES::generation_program_multi`]): [`Trainer::step`] then advances
     /// `per_dispatch` generations and returns the last one's fitness. The parameters are
     /// those of as many single steps; only the host round trips between generations go.

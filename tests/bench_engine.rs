@@ -36,7 +36,7 @@ fn multi_matches_single(strategy: fn() -> Box<dyn Strategy>, devices: usize) {
     let batch = [b.x, b.target];
     let steps = 3;
     let es1 = es(strategy(), devices);
-    let mut single = Trainer::new(&client, &es1, &TINY, &params, k0, &batch, 5).unwrap();
+    let mut single = Trainer::with_state(&client, &es1, &TINY, &params, k0, &batch, 5).unwrap();
     let mut last_single = Vec::new();
     for _ in 0..steps {
         last_single = single.step().unwrap();
@@ -176,7 +176,6 @@ fn bench_runs_on_a_tiny_config_and_reports_every_field() {
     assert_eq!(report.inference_ms.samples, 3);
     assert_eq!(report.apply_ms.samples, 3);
     assert!(report.apply_ms.median > 0.0);
-    let table = report.table();
-    assert!(table.contains("generation / inference"), "{table}");
-    assert!(table.contains("ask + apply alone"), "{table}");
+    // The table printed from this report is the CLI's: crates/shardes-cli/tests/cli_inspect.rs
+    // (`bench_prints_the_table`).
 }

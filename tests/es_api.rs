@@ -56,7 +56,7 @@ fn narrow_fitness_is_refused_before_anything_runs() {
         // Through the trainer: refused before compilation (so before any device work).
         let client = Client::cpu(1).expect("CPU client");
         let t0 = Instant::now();
-        let r = Trainer::new(
+        let r = Trainer::with_state(
             &client,
             &es,
             &model,

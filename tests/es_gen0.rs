@@ -29,7 +29,8 @@ fn run_gen0(client: &Client, devices: usize) -> (Vec<f32>, ParamTree, ParamTree)
         devices,
     )
     .unwrap();
-    let mut t = Trainer::new(client, &es, &tb, &params, k, &[batch.x, batch.target], 0).unwrap();
+    let mut t =
+        Trainer::with_state(client, &es, &tb, &params, k, &[batch.x, batch.target], 0).unwrap();
     let fitness = t.step().unwrap();
     assert_eq!(t.generation(), 1);
     (fitness, params, t.params().unwrap())

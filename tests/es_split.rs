@@ -65,7 +65,8 @@ fn split_mode_with_its_own_fitness_matches_the_fused_trainer() {
         ("mirrored(lowrank(r=2))", "group_relative", 8, Mlp::MULTI),
     ] {
         let e = es(strat, shaping, devices);
-        let mut fused = Trainer::new(&client, &e, &model, &params, k, &batch, 0).expect("fused");
+        let mut fused =
+            Trainer::with_state(&client, &e, &model, &params, k, &batch, 0).expect("fused");
         let mut split =
             SplitTrainer::new(&client, &e, &model, &params, k, &batch, 0).expect("split");
         for g in 0..3 {
@@ -168,7 +169,7 @@ fn the_run_loop_steps_on_device_state_and_the_quickstart_loss_falls() {
         8,
     )
     .expect("valid");
-    let mut t = Trainer::new(&client, &e, &tb, &params, k, &batch, 0).expect("trainer");
+    let mut t = Trainer::with_state(&client, &e, &tb, &params, k, &batch, 0).expect("trainer");
     let compile_ms = t.build_times().compile_ms;
     let mut means = Vec::new();
     let mut snapshots = vec![params.clone()];

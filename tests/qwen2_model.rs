@@ -551,7 +551,7 @@ fn every_strategy_one_generation_on_1_and_8_devices_agrees() {
             let es = ShardedES::new(from_spec(&spec), n, 0.02, 0.01, devices)
                 .expect("es")
                 .with_member_chunk(Some(2));
-            let mut t = Trainer::new(&client, &es, &q, &params, key(9).unwrap(), &batch, 0)
+            let mut t = Trainer::with_state(&client, &es, &q, &params, key(9).unwrap(), &batch, 0)
                 .unwrap_or_else(|e| panic!("{spec} on {devices}: {e}"));
             let fit = t.step().expect("step");
             assert_eq!(fit.len(), n);

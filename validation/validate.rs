@@ -71,7 +71,7 @@ fn update(
     let batch = tb.make_batch(fold_in(k, 1))?;
     let spec: StrategySpec = spec.parse()?;
     let es = ShardedES::new(strategy::from_spec(&spec), n, 0.01, 0.01, devices)?;
-    let mut t = Trainer::new(client, &es, &tb, &params, k, &[batch.x, batch.target], 0)?;
+    let mut t = Trainer::with_state(client, &es, &tb, &params, k, &[batch.x, batch.target], 0)?;
     let mut means = Vec::new();
     let start = Instant::now();
     for _ in 0..generations {

@@ -198,7 +198,7 @@ pub fn one_generation(
     batch: &[Array],
 ) -> Generation {
     let k: Key = key(7).expect("small seed");
-    let mut trainer = Trainer::new(client, es, model, params, k, batch, 0)
+    let mut trainer = Trainer::with_state(client, es, model, params, k, batch, 0)
         .unwrap_or_else(|e| panic!("building {es:?}: {e}"));
     let fitness = trainer.step().expect("step");
     let after = trainer.params().expect("params");

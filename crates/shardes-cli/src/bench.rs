@@ -2,21 +2,21 @@
 //! against the GEMM peak, host overhead and peak memory, as a table and JSON.
 //!
 //! The measuring is [`shardes::bench`]; this file turns a config into its inputs and
-//! prints. Overrides (`--n`, `--devices`, `--member-chunk`) exist for scaling sweeps from
+//! prints the report as a table. Overrides (`--n`, `--devices`, `--member-chunk`) exist for scaling sweeps from
 //! one config file.
 
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use shardes::bench::{self, BenchInput, BenchOptions, Flops};
+use shardes::bench::{self, BenchInput, BenchOptions, BenchReport, Flops};
 use shardes::hlo::es::strategy::from_spec;
 use shardes::hlo::es::{shaping, How, Model, ShardedES};
-use shardes::hlo::prng::{fold_in, key};
-use shardes::hlo::problems::transformer_block::TransformerBlock;
 use shardes::runtime::Client;
+use shardes::Problem;
 
-use crate::config::Config;
+use crate::config::{transformer_block, Config, ProblemConfig};
+use crate::setup;
 
 /// Arguments of `shardes bench`.
 #[derive(Debug, Clone, clap::Args)]
@@ -73,12 +73,18 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if let Some(c) = args.member_chunk {
         config.es.member_chunk = Some(c);
     }
-    if config.problem.name != "transformer_block" {
+    let ProblemConfig::TransformerBlock {
+        d_model,
+        batch,
+        seq,
+    } = config.problem
+    else {
         bail!(
             "shardes bench knows the FLOPs of transformer_block only, got problem `{}`",
-            config.problem.name
+            config.problem.name()
         );
-    }
+    };
+    let tb = transformer_block(d_model, batch, seq);
     let hows = match &args.how {
         Some(h) => parse_how(h)?,
         None => parse_how(&config.es.how)?,
@@ -103,19 +109,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         .with_member_chunk(config.es.member_chunk)
         .with_keep_noise_bytes(config.es.keep_noise_bytes()))
     };
-    let tb = TransformerBlock {
-        d_model: config.problem.d_model(),
-        batch: config.problem.batch(),
-        seq: config.problem.seq(),
-    };
     let variants: Vec<ShardedES> = hows
         .iter()
         .map(|&h| Ok(make_es(h)?.with_member_bytes(tb.member_bytes())))
         .collect::<Result<_>>()?;
-    let k = key(config.run.seed)?;
-    let params = tb.init(k)?;
-    let b = tb.make_batch(fold_in(k, 1))?;
-    let batch = [b.x, b.target];
+    let problem = Problem::transformer_block(tb, config.run.seed).map_err(setup::config_error)?;
     let client = match &config.plugin {
         None => Client::cpu(config.devices)?,
         Some(p) => bail!(
@@ -129,9 +127,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         client: &client,
         variants: variants.iter().collect(),
         model: &tb,
-        params: &params,
-        key: k,
-        batch: &batch,
+        params: &problem.params,
+        key: problem.key,
+        batch: &problem.batch,
         flops: Some(flops),
     };
     let options = BenchOptions {
@@ -152,11 +150,80 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         bar.set_position(done as u64);
     })?;
     bar.finish_and_clear();
-    print!("{}", report.table());
+    print!("{}", table(&report));
     if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(&report)?;
         std::fs::write(path, text)
             .with_context(|| format!("writing the JSON report to {}", path.display()))?;
     }
     Ok(())
+}
+
+/// The report as the human table.
+pub fn table(r: &BenchReport) -> String {
+    let mut s = String::new();
+    s.push_str(&format!(
+        "{} n={} devices={} member_chunk={} rounds={}\n",
+        r.strategy, r.n, r.devices, r.member_chunk, r.rounds
+    ));
+    s.push_str(&format!(
+        "{:<26}{:>14}{:>14}\n",
+        "", "generation", "inference"
+    ));
+    for v in &r.variants {
+        s.push_str(&format!(
+            "how {} (×{}/dispatch)\n",
+            v.how, v.generations_per_dispatch
+        ));
+        s.push_str(&format!(
+            "  {:<24}{:>14.1}{:>14.1}\n",
+            "emission ms", v.emit_ms, r.inference_emit_ms
+        ));
+        s.push_str(&format!(
+            "  {:<24}{:>14.0}{:>14.0}\n",
+            "compile ms", v.compile_ms, r.inference_compile_ms
+        ));
+        s.push_str(&format!(
+            "  {:<24}{:>14.2}{:>14.2}\n",
+            "ms (median)", v.generation_ms.median, r.inference_ms.median
+        ));
+        s.push_str(&format!(
+            "  {:<24}{:>14}{:>14}\n",
+            "ms (min..max)",
+            format!("{:.2}..{:.2}", v.generation_ms.min, v.generation_ms.max),
+            format!("{:.2}..{:.2}", r.inference_ms.min, r.inference_ms.max)
+        ));
+        s.push_str(&format!(
+            "  {:<24}{:>14.3}\n",
+            "generation / inference", v.ratio_to_inference
+        ));
+        s.push_str(&format!(
+            "  {:<24}{:>14.1}{:>14.1}\n",
+            "GFLOP/s", v.gflops, r.inference_gflops
+        ));
+        s.push_str(&format!(
+            "  {:<24}{:>13.1}%\n",
+            "of GEMM peak",
+            100.0 * v.peak_fraction
+        ));
+        s.push_str(&format!(
+            "  {:<24}{:>14.1}\n",
+            "temp MiB/device",
+            v.temp_bytes as f64 / 1048576.0
+        ));
+    }
+    s.push_str(&format!(
+        "ask + apply alone (no tell) {:.2} ms ({:.2}..{:.2})\n",
+        r.apply_ms.median, r.apply_ms.min, r.apply_ms.max
+    ));
+    s.push_str(&format!(
+        "GEMM peak {:.1} GFLOP/s; host overhead {:.3} ms/dispatch ({:.3}..{:.3}); \
+         peak RSS {:.0} MiB\n",
+        r.gemm_peak_gflops,
+        r.host_overhead_ms.median,
+        r.host_overhead_ms.min,
+        r.host_overhead_ms.max,
+        r.peak_rss_bytes as f64 / 1048576.0
+    ));
+    s
 }

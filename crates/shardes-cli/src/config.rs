@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use shardes::hlo::es::{StrategySpec, KEEP_NOISE_BYTES};
+use shardes::hlo::problems::transformer_block::TransformerBlock;
 
 /// A user-facing configuration error: one line saying what is wrong and a hint saying how to fix it.
 #[derive(Debug, thiserror::Error)]
@@ -18,10 +19,13 @@ pub struct ConfigError {
     pub hint: String,
 }
 
-fn cfg_err(message: impl Into<String>, hint: impl Into<String>) -> ConfigError {
-    ConfigError {
-        message: message.into(),
-        hint: hint.into(),
+impl ConfigError {
+    /// The error `message` with the fix `hint`: the CLI's one way to make a user-facing error.
+    pub fn new(message: impl Into<String>, hint: impl Into<String>) -> ConfigError {
+        ConfigError {
+            message: message.into(),
+            hint: hint.into(),
+        }
     }
 }
 
@@ -43,104 +47,198 @@ pub struct Config {
     pub run: RunConfig,
 }
 
-/// `[problem]`.
+/// `[problem]`: one variant per problem, chosen by `name`.
 ///
-/// `transformer_block` reads `d_model`, `batch` and `seq`. `qwen2` reads `checkpoint` (a
-/// Hugging Face directory) or `size` (random init), `data` (JSONL of prompt/target pairs),
-/// optional `tokenizer`, `compute_dtype`, `batch` and `seq`. A key that the named problem
-/// does not read is refused.
+/// A key that the named problem does not read is refused (before deserializing, with the
+/// list of keys it does read: [`PROBLEM_VARIANTS`]). Absent keys stay `None` rather than
+/// taking their defaults here, so the resolved config and [`Config::trajectory_hash`] record
+/// what the user wrote.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct ProblemConfig {
-    /// Problem name: `transformer_block` or `qwen2`.
-    pub name: String,
-    /// Model width (transformer_block; default 64).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub d_model: Option<usize>,
-    /// Sequences per batch (transformer_block: default 8; qwen2: the number of examples
-    /// in `data`, which it must equal when given).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub batch: Option<usize>,
-    /// Tokens per sequence (transformer_block: default 32; qwen2: default the longest
-    /// example's prompt + target − 1).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub seq: Option<usize>,
-    /// qwen2: a Hugging Face checkpoint directory (`config.json`, `*.safetensors`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub checkpoint: Option<PathBuf>,
-    /// qwen2: a preset (`tiny`, `0.5b`, `1.5b`) with random parameters, instead of a checkpoint.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub size: Option<String>,
-    /// qwen2: a JSONL file, one example per line: `{"prompt": "...", "target": "..."}`
-    /// (needs a tokenizer) or `{"prompt_ids": [...], "target_ids": [...]}`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub data: Option<PathBuf>,
-    /// qwen2: a `tokenizer.json` (default: the checkpoint's).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tokenizer: Option<PathBuf>,
-    /// qwen2: the forward's dtype, `f32` (default) or `bf16`; the master and the fitness stay f32.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub compute_dtype: Option<String>,
+#[serde(tag = "name", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ProblemConfig {
+    /// `transformer_block`: one transformer block with a drawn batch.
+    TransformerBlock {
+        /// Model width (default 64).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        d_model: Option<usize>,
+        /// Sequences per batch (default 8).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        batch: Option<usize>,
+        /// Tokens per sequence (default 32).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        seq: Option<usize>,
+    },
+    /// `qwen2`: a checkpoint or a random preset fine-tuned on prompt/target pairs.
+    // The field order is the serialized order, which the trajectory hash depends on.
+    Qwen2 {
+        /// Sequences per batch: the number of examples in `data`, which it must equal when
+        /// given.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        batch: Option<usize>,
+        /// Tokens per sequence (default: the longest example's prompt + target − 1).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        seq: Option<usize>,
+        /// A Hugging Face checkpoint directory (`config.json`, `*.safetensors`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        checkpoint: Option<PathBuf>,
+        /// A preset (`tiny`, `0.5b`, `1.5b`) with random parameters, instead of a checkpoint.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        size: Option<String>,
+        /// A JSONL file, one example per line: `{"prompt": "...", "target": "..."}` (needs
+        /// a tokenizer) or `{"prompt_ids": [...], "target_ids": [...]}`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        data: Option<PathBuf>,
+        /// A `tokenizer.json` (default: the checkpoint's).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tokenizer: Option<PathBuf>,
+        /// The forward's dtype, `f32` (default) or `bf16`; the master and the fitness stay
+        /// f32.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        compute_dtype: Option<String>,
+    },
+}
+
+/// Every problem's `name` and the `[problem]` keys its [`ProblemConfig`] variant reads
+/// besides `name`, in the variant's field order. `problem_keys_match_the_variants` checks
+/// them against the variants.
+pub const PROBLEM_VARIANTS: &[(&str, &[&str])] = &[
+    ("transformer_block", &["d_model", "batch", "seq"]),
+    (
+        "qwen2",
+        &[
+            "batch",
+            "seq",
+            "checkpoint",
+            "size",
+            "data",
+            "tokenizer",
+            "compute_dtype",
+        ],
+    ),
+];
+
+/// The problem names, in [`PROBLEM_VARIANTS`] order.
+pub fn problems() -> Vec<&'static str> {
+    PROBLEM_VARIANTS.iter().map(|(name, _)| *name).collect()
+}
+
+/// Every `[problem]` key of any problem: `name`, then each variant's keys not listed yet.
+fn problem_keys() -> Vec<&'static str> {
+    let mut keys = vec!["name"];
+    for key in PROBLEM_VARIANTS.iter().flat_map(|(_, k)| k.iter()) {
+        if !keys.contains(key) {
+            keys.push(key);
+        }
+    }
+    keys
+}
+
+/// Refuses an unknown problem name and a key the named problem does not read, from the
+/// raw `[problem]` table (serde would only say "unknown variant" or "unknown field").
+fn check_problem_table(table: &toml::Table) -> Result<(), ConfigError> {
+    // A missing or mistyped name is left to serde, which names the type it expects.
+    let Some(name) = table.get("name").and_then(toml::Value::as_str) else {
+        return Ok(());
+    };
+    let Some((_, reads)) = PROBLEM_VARIANTS.iter().find(|(n, _)| *n == name) else {
+        let names = problems();
+        let hint = match nearest(name, &names) {
+            Some(n) => format!("did you mean \"{n}\"?"),
+            None => format!("known problems: {}", names.join(", ")),
+        };
+        return Err(ConfigError::new(
+            format!("problem.name: unknown problem \"{name}\""),
+            hint,
+        ));
+    };
+    let foreign = problem_keys()
+        .into_iter()
+        .find(|k| *k != "name" && table.contains_key(*k) && !reads.contains(k));
+    if let Some(key) = foreign {
+        // The keys every problem reads first, then this one's own.
+        let shared = |k: &&str| PROBLEM_VARIANTS.iter().all(|(_, ks)| ks.contains(k));
+        let listed: Vec<&str> = reads
+            .iter()
+            .filter(|k| shared(k))
+            .chain(reads.iter().filter(|k| !shared(k)))
+            .copied()
+            .collect();
+        return Err(ConfigError::new(
+            format!("problem.{key} does not apply to problem \"{name}\""),
+            format!("remove it; {name} reads: {}", listed.join(", ")),
+        ));
+    }
+    Ok(())
+}
+
+/// The transformer block of a `transformer_block` `[problem]`, with the defaults for unset
+/// keys: `d_model` 64, `batch` 8, `seq` 32.
+pub fn transformer_block(
+    d_model: Option<usize>,
+    batch: Option<usize>,
+    seq: Option<usize>,
+) -> TransformerBlock {
+    TransformerBlock {
+        d_model: d_model.unwrap_or(64),
+        batch: batch.unwrap_or(8),
+        seq: seq.unwrap_or(32),
+    }
 }
 
 impl ProblemConfig {
-    /// transformer_block's model width.
-    pub fn d_model(&self) -> usize {
-        self.d_model.unwrap_or(64)
+    /// The problem's `name`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            ProblemConfig::TransformerBlock { .. } => "transformer_block",
+            ProblemConfig::Qwen2 { .. } => "qwen2",
+        }
     }
 
-    /// transformer_block's sequences per batch.
-    pub fn batch(&self) -> usize {
-        self.batch.unwrap_or(8)
-    }
-
-    /// transformer_block's tokens per sequence.
-    pub fn seq(&self) -> usize {
-        self.seq.unwrap_or(32)
-    }
-
-    fn check_keys_for_problem(&self) -> Result<(), ConfigError> {
-        let given = [
-            ("d_model", self.d_model.is_some()),
-            ("checkpoint", self.checkpoint.is_some()),
-            ("size", self.size.is_some()),
-            ("data", self.data.is_some()),
-            ("tokenizer", self.tokenizer.is_some()),
-            ("compute_dtype", self.compute_dtype.is_some()),
-        ];
-        let reads: &[&str] = match self.name.as_str() {
-            "qwen2" => &["checkpoint", "size", "data", "tokenizer", "compute_dtype"],
-            _ => &["d_model"],
+    /// `d_model`, `batch` and `seq` as given (`None` where unset or not read).
+    fn dims(&self) -> [(&'static str, Option<usize>); 3] {
+        let (d_model, batch, seq) = match *self {
+            ProblemConfig::TransformerBlock {
+                d_model,
+                batch,
+                seq,
+            } => (d_model, batch, seq),
+            ProblemConfig::Qwen2 { batch, seq, .. } => (None, batch, seq),
         };
-        if let Some((key, _)) = given.iter().find(|(k, g)| *g && !reads.contains(k)) {
-            return Err(cfg_err(
-                format!("problem.{key} does not apply to problem \"{}\"", self.name),
-                format!(
-                    "remove it; {} reads: batch, seq, {}",
-                    self.name,
-                    reads.join(", ")
-                ),
-            ));
-        }
-        if self.name != "qwen2" {
+        [
+            ("problem.d_model", d_model),
+            ("problem.batch", batch),
+            ("problem.seq", seq),
+        ]
+    }
+
+    /// The checks serde cannot make: one of `checkpoint` and `size`, `data`, a known dtype.
+    fn check(&self) -> Result<(), ConfigError> {
+        let ProblemConfig::Qwen2 {
+            checkpoint,
+            size,
+            data,
+            compute_dtype,
+            ..
+        } = self
+        else {
             return Ok(());
-        }
-        match (&self.checkpoint, &self.size) {
-            (Some(_), Some(_)) => Err(cfg_err(
+        };
+        match (checkpoint, size) {
+            (Some(_), Some(_)) => Err(ConfigError::new(
                 "problem.checkpoint and problem.size are both set",
                 "keep one: checkpoint = \"DIR\" loads a model, size = \"tiny\" draws one at random",
             )),
-            (None, None) => Err(cfg_err(
+            (None, None) => Err(ConfigError::new(
                 "problem \"qwen2\" needs problem.checkpoint or problem.size",
                 "add checkpoint = \"DIR\" (a Hugging Face directory) or size = \"tiny\", \"0.5b\" or \"1.5b\"",
             )),
-            _ if self.data.is_none() => Err(cfg_err(
+            _ if data.is_none() => Err(ConfigError::new(
                 "problem \"qwen2\" needs problem.data",
                 "add data = \"FILE.jsonl\" with one {\"prompt\": ..., \"target\": ...} per line",
             )),
-            _ => match self.compute_dtype.as_deref() {
+            _ => match compute_dtype.as_deref() {
                 None | Some("f32") | Some("bf16") => Ok(()),
-                Some(other) => Err(cfg_err(
+                Some(other) => Err(ConfigError::new(
                     format!("problem.compute_dtype: unknown dtype \"{other}\""),
                     "use \"f32\" or \"bf16\"",
                 )),
@@ -221,20 +319,10 @@ fn default_checkpoint_every() -> usize {
     10
 }
 
-/// Valid keys per table, for unknown-key suggestions. Keep in sync with the structs above;
-/// `every_listed_es_and_run_key_deserializes` checks the `[es]` and `[run]` lists.
+/// Valid keys per table, for unknown-key suggestions (`[problem]`'s: [`problem_keys`]). Keep
+/// in sync with the structs above; `every_listed_es_and_run_key_deserializes` checks the
+/// `[es]` and `[run]` lists.
 const TOP_KEYS: &[&str] = &["plugin", "devices", "problem", "es", "run"];
-const PROBLEM_KEYS: &[&str] = &[
-    "name",
-    "d_model",
-    "batch",
-    "seq",
-    "checkpoint",
-    "size",
-    "data",
-    "tokenizer",
-    "compute_dtype",
-];
 const ES_KEYS: &[&str] = &[
     "strategy",
     "n",
@@ -249,8 +337,6 @@ const RUN_KEYS: &[&str] = &["seed", "generations", "out", "checkpoint_every"];
 
 /// Shapings the CLI accepts.
 pub const SHAPINGS: &[&str] = &["centered_ranks", "centered", "group_relative", "none"];
-/// Problems the CLI knows.
-pub const PROBLEMS: &[&str] = &["transformer_block", "qwen2"];
 
 fn nearest<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
     candidates
@@ -273,17 +359,44 @@ fn check_keys(table: &toml::Table, path: &str, valid: &[&str]) -> Result<(), Con
                 Some(n) => format!("did you mean `{n}`? valid keys here: {}", valid.join(", ")),
                 None => format!("valid keys here: {}", valid.join(", ")),
             };
-            return Err(cfg_err(format!("unknown key `{full}`"), hint));
+            return Err(ConfigError::new(format!("unknown key `{full}`"), hint));
         }
     }
     Ok(())
+}
+
+/// Where the `[problem]` value that serde refused is, when `error_span` is the whole
+/// table's: the tagged enum is deserialized from a buffer, which keeps no positions, so each
+/// key is tried alone with the name.
+fn problem_value_span(
+    text: &str,
+    table: &toml::Table,
+    error_span: Option<std::ops::Range<usize>>,
+) -> Option<std::ops::Range<usize>> {
+    #[derive(Deserialize)]
+    struct Spans {
+        problem: toml::Spanned<std::collections::BTreeMap<String, toml::Spanned<toml::Value>>>,
+    }
+    let spans: Spans = toml::from_str(text).ok()?;
+    if error_span? != spans.problem.span() {
+        return None;
+    }
+    let problem = table.get("problem")?.as_table()?;
+    let name = problem.get("name")?;
+    let (key, _) = problem.iter().find(|(key, value)| {
+        let mut alone = toml::Table::new();
+        alone.insert("name".into(), name.clone());
+        alone.insert((*key).clone(), (*value).clone());
+        *key != "name" && alone.try_into::<ProblemConfig>().is_err()
+    })?;
+    Some(spans.problem.get_ref().get(key)?.span())
 }
 
 impl Config {
     /// Reads and validates a config file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|e| {
-            cfg_err(
+            ConfigError::new(
                 format!("cannot read config {}: {e}", path.display()),
                 "pass the path of a TOML file, e.g. examples/quickstart.toml",
             )
@@ -294,39 +407,43 @@ impl Config {
     /// Parses and validates config text.
     pub fn parse(text: &str) -> Result<Config, ConfigError> {
         let table: toml::Table = toml::from_str(text).map_err(|e| {
-            cfg_err(
+            ConfigError::new(
                 format!("the config is not valid TOML: {}", e.message()),
                 "check the line the TOML parser names",
             )
         })?;
         check_keys(&table, "", TOP_KEYS)?;
+        let problem_keys = problem_keys();
         for (name, valid) in [
-            ("problem", PROBLEM_KEYS),
+            ("problem", problem_keys.as_slice()),
             ("es", ES_KEYS),
             ("run", RUN_KEYS),
         ] {
             match table.get(name) {
                 Some(toml::Value::Table(t)) => check_keys(t, name, valid)?,
                 Some(_) => {
-                    return Err(cfg_err(
+                    return Err(ConfigError::new(
                         format!("`{name}` must be a table"),
                         format!("write it as a [{name}] section"),
                     ))
                 }
                 None => {
-                    return Err(cfg_err(
+                    return Err(ConfigError::new(
                         format!("missing section [{name}]"),
                         "see examples/quickstart.toml for a complete config",
                     ))
                 }
             }
         }
+        if let Some(toml::Value::Table(t)) = table.get("problem") {
+            check_problem_table(t)?;
+        }
         let config: Config = toml::from_str(text).map_err(|e| {
             let msg = e.message().to_string();
             // serde names the expected type but not the key; the span points at the value,
             // so quote the line it is on.
-            let place = e
-                .span()
+            let place = problem_value_span(text, &table, e.span())
+                .or_else(|| e.span())
                 .and_then(|span| {
                     let start = text.get(..span.start)?;
                     let line_no = start.matches('\n').count() + 1;
@@ -334,7 +451,7 @@ impl Config {
                     Some(format!(" at line {line_no} (`{line}`)"))
                 })
                 .unwrap_or_default();
-            cfg_err(
+            ConfigError::new(
                 format!("wrong value in the config{place}: {msg}"),
                 "see examples/quickstart.toml for the type of each key",
             )
@@ -349,7 +466,7 @@ impl Config {
             .strategy
             .parse()
             .map_err(|e: shardes::hlo::es::SpecError| {
-                cfg_err(
+                ConfigError::new(
                     format!("es.strategy: {}", e.reason),
                     format!(
                         "valid strategies: {} (got \"{}\")",
@@ -361,27 +478,18 @@ impl Config {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
-        if !PROBLEMS.contains(&self.problem.name.as_str()) {
-            let hint = match nearest(&self.problem.name, PROBLEMS) {
-                Some(n) => format!("did you mean \"{n}\"?"),
-                None => format!("known problems: {}", PROBLEMS.join(", ")),
-            };
-            return Err(cfg_err(
-                format!("problem.name: unknown problem \"{}\"", self.problem.name),
-                hint,
-            ));
-        }
-        self.problem.check_keys_for_problem()?;
+        self.problem.check()?;
+        let [d_model, batch, seq] = self.problem.dims();
         for (key, v) in [
-            ("problem.d_model", self.problem.d_model.unwrap_or(1)),
-            ("problem.batch", self.problem.batch.unwrap_or(1)),
-            ("problem.seq", self.problem.seq.unwrap_or(1)),
-            ("devices", self.devices),
-            ("es.n", self.es.n),
-            ("run.generations", self.run.generations),
+            d_model,
+            batch,
+            seq,
+            ("devices", Some(self.devices)),
+            ("es.n", Some(self.es.n)),
+            ("run.generations", Some(self.run.generations)),
         ] {
-            if v == 0 {
-                return Err(cfg_err(
+            if v == Some(0) {
+                return Err(ConfigError::new(
                     format!("{key} = 0"),
                     format!("set {key} to at least 1"),
                 ));
@@ -393,25 +501,25 @@ impl Config {
                 Some(n) => format!("did you mean \"{n}\"? valid: {}", SHAPINGS.join(", ")),
                 None => format!("valid shapings: {}", SHAPINGS.join(", ")),
             };
-            return Err(cfg_err(
+            return Err(ConfigError::new(
                 format!("es.shaping: unknown shaping \"{}\"", self.es.shaping),
                 hint,
             ));
         }
         if !matches!(self.es.how.as_str(), "A" | "B" | "a" | "b") {
-            return Err(cfg_err(
+            return Err(ConfigError::new(
                 format!("es.how: unknown placement \"{}\"", self.es.how),
                 "use \"B\" (contract per device, then all-reduce) or \"A\" (gather weights, contract everywhere)",
             ));
         }
         if !(self.es.sigma.is_finite() && self.es.sigma > 0.0) {
-            return Err(cfg_err(
+            return Err(ConfigError::new(
                 format!("es.sigma = {} is not a finite number > 0", self.es.sigma),
                 "set es.sigma to a small positive number, e.g. 0.01",
             ));
         }
         if !self.es.lr.is_finite() {
-            return Err(cfg_err(
+            return Err(ConfigError::new(
                 format!("es.lr = {} is not finite", self.es.lr),
                 "set es.lr to a finite number, e.g. 0.01",
             ));
@@ -421,7 +529,7 @@ impl Config {
         if !self.es.n.is_multiple_of(per) {
             let lower = (self.es.n / per).max(1) * per;
             let upper = (self.es.n / per + 1) * per;
-            return Err(cfg_err(
+            return Err(ConfigError::new(
                 format!(
                     "es.n = {} is not divisible by devices ({}) × pairing ({pairing} for {strategy})",
                     self.es.n, self.devices
@@ -430,7 +538,7 @@ impl Config {
             ));
         }
         if let Some(0) = self.es.member_chunk {
-            return Err(cfg_err(
+            return Err(ConfigError::new(
                 "es.member_chunk = 0",
                 "set es.member_chunk to at least 1",
             ));
@@ -502,6 +610,93 @@ checkpoint_every = 10
         // Unset, the library's default budget.
         let plain = Config::parse(QUICK).expect("quickstart");
         assert_eq!(plain.es.keep_noise_bytes(), KEEP_NOISE_BYTES);
+    }
+
+    /// Each problem's listed keys are exactly the keys its variant reads and writes: set
+    /// them all, parse, serialize back.
+    #[test]
+    fn problem_keys_match_the_variants() {
+        let values = [
+            ("d_model", "8"),
+            ("batch", "2"),
+            ("seq", "4"),
+            ("checkpoint", "\"a\""),
+            ("size", "\"tiny\""),
+            ("data", "\"d.jsonl\""),
+            ("tokenizer", "\"t.json\""),
+            ("compute_dtype", "\"bf16\""),
+        ];
+        for (name, keys) in PROBLEM_VARIANTS {
+            let mut body = format!("name = \"{name}\"\n");
+            for k in *keys {
+                let (_, v) = values.iter().find(|(n, _)| n == k).expect("a test value");
+                body.push_str(&format!("{k} = {v}\n"));
+            }
+            let table: toml::Table = toml::from_str(&body).expect("toml");
+            let p: ProblemConfig = table.clone().try_into().expect("every key deserializes");
+            assert_eq!(p.name(), *name);
+            let back = toml::Table::try_from(&p).expect("serializes");
+            assert_eq!(back, table, "{name}: listed keys and variant fields differ");
+            // The trajectory hash hashes this text, so the order is part of the format.
+            let text = serde_json::to_string(&p).expect("json");
+            let at: Vec<usize> = keys
+                .iter()
+                .map(|k| text.find(&format!("\"{k}\":")).expect("serialized"))
+                .collect();
+            assert!(
+                at.windows(2).all(|w| w[0] < w[1]),
+                "{name}: listed order is not the field order: {text}"
+            );
+        }
+        assert_eq!(
+            problem_keys(),
+            [
+                "name",
+                "d_model",
+                "batch",
+                "seq",
+                "checkpoint",
+                "size",
+                "data",
+                "tokenizer",
+                "compute_dtype"
+            ]
+        );
+    }
+
+    /// A resume compares this hash with the one in `state.json`: it must not change for the
+    /// same config (these values are what earlier builds wrote).
+    #[test]
+    fn trajectory_hash_is_stable() {
+        let base = "devices = 2\n[es]\nn = 32\nsigma = 0.01\nlr = 0.01\n[run]\ngenerations = 3\n";
+        for (problem, hash) in [
+            (
+                "name = \"qwen2\"\ncheckpoint = \"a/b\"\ndata = \"d.jsonl\"\ntokenizer = \"t.json\"\n\
+                 compute_dtype = \"bf16\"\nbatch = 4\nseq = 9\n",
+                "26ac39979e28a929",
+            ),
+            (
+                "name = \"qwen2\"\nsize = \"tiny\"\ndata = \"d.jsonl\"\n",
+                "b5141723d1db8bc5",
+            ),
+            ("name = \"transformer_block\"\n", "8ee40aca2dbd6c9e"),
+            (
+                "name = \"transformer_block\"\nseq = 4\nd_model = 8\n",
+                "6730fa28471b4867",
+            ),
+        ] {
+            let c = Config::parse(&format!("{base}[problem]\n{problem}")).expect("parses");
+            assert_eq!(c.trajectory_hash(), hash, "{problem}");
+        }
+        let quick = Config::parse(
+            &std::fs::read_to_string(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../examples/quickstart.toml"
+            ))
+            .expect("the quickstart config"),
+        )
+        .expect("parses");
+        assert_eq!(quick.trajectory_hash(), "583348bec77908e0");
     }
 
     #[test]

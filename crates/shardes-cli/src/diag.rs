@@ -14,9 +14,10 @@ use shardes::bench::{hlo_opcode_counts, op_counts};
 use shardes::hlo::es::spec::StrategySpec;
 use shardes::hlo::es::{leaf_infos, Model, ShardedES};
 use shardes::hlo::params::ParamTree;
+use shardes::problem::qwen2::{qwen2_at_depth, qwen2_model};
 use shardes::runtime::{Client, CompileOptions};
 
-use crate::config::Config;
+use crate::config::{Config, ProblemConfig};
 use crate::setup;
 
 /// Arguments of `shardes diag`.
@@ -78,11 +79,11 @@ fn with_rank(spec: &StrategySpec, r: usize) -> Option<StrategySpec> {
     }
 }
 
-/// The config's ES with `spec` as its strategy.
-fn es_with(config: &Config, spec: &StrategySpec) -> Result<ShardedES> {
+/// The config's ES for `model` with `spec` as its strategy.
+fn es_with(config: &Config, spec: &StrategySpec, model: &dyn Model) -> Result<ShardedES> {
     let mut c = config.clone();
     c.es.strategy = spec.to_string();
-    Ok(setup::problem(&c)?.es)
+    setup::es_for(&c, model)
 }
 
 fn measure(
@@ -138,22 +139,25 @@ pub fn run(args: &DiagArgs) -> Result<()> {
         ),
     };
     let spec = config.strategy()?;
-    let p = setup::problem(&config)?;
-    let mut entries = vec![measure(&p.es, &*p.model, &p.params, &client, None)?];
+    let (es, p) = setup::problem(&config)?;
+    let mut entries = vec![measure(&es, &*p.model, &p.params, &client, None)?];
     for &r in &args.ranks {
         match with_rank(&spec, r) {
             Some(s) if s != spec => {
-                let es = es_with(&config, &s)?;
+                let es = es_with(&config, &s, &*p.model)?;
                 entries.push(measure(&es, &*p.model, &p.params, &client, None)?)
             }
             _ => {}
         }
     }
-    if config.problem.name == "qwen2" {
-        let base = setup::qwen2_model(&config)?;
+    if let ProblemConfig::Qwen2 { .. } = &config.problem {
+        let seed = config.run.seed;
+        let source = setup::qwen2_source(&config.problem)?;
+        let base = qwen2_model(&source, seed).map_err(setup::config_error)?;
         for &layers in &args.depths {
-            let (model, params) = setup::qwen2_at_depth(&base, layers, config.run.seed)?;
-            entries.push(measure(&p.es, &model, &params, &client, Some(layers))?);
+            let (model, params) =
+                qwen2_at_depth(&base, layers, seed).map_err(setup::config_error)?;
+            entries.push(measure(&es, &model, &params, &client, Some(layers))?);
         }
     }
     let first = &entries[0];

@@ -43,10 +43,10 @@ pub struct CheckArgs {
 
 /// The generation program of `config` as StableHLO text.
 pub fn generation_mlir(config: &Config) -> Result<String> {
-    let p = setup::problem(config)?;
-    let program =
-        p.es.generation_program(&*p.model, &leaf_infos(&p.params))
-            .context("building the generation program")?;
+    let (es, p) = setup::problem(config)?;
+    let program = es
+        .generation_program(&*p.model, &leaf_infos(&p.params))
+        .context("building the generation program")?;
     Ok(program.module.to_mlir())
 }
 
@@ -112,13 +112,13 @@ pub fn devices(args: &DevicesArgs) -> Result<()> {
 /// Runs `shardes check`; returns the number of findings.
 pub fn check(args: &CheckArgs) -> Result<usize> {
     let config = Config::load(&args.config)?;
-    let p = setup::problem(&config)?;
+    let (_, p) = setup::problem(&config)?;
     let leaves = leaf_infos(&p.params);
     let findings = check_model(&*p.model, &leaves).context("tracing the model")?;
     if findings.is_empty() {
         println!(
             "ok: {} reads all {} leaves, every 2-D leaf through a seam",
-            config.problem.name,
+            config.problem.name(),
             leaves.len()
         );
     } else {

@@ -23,6 +23,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use shardes::hlo::prng::Key;
+use shardes::io::write_atomic;
 use shardes::Trainer;
 
 use crate::config::{Config, ConfigError};
@@ -81,34 +82,6 @@ pub struct Metric {
     pub ms: f64,
 }
 
-fn user(message: impl Into<String>, hint: impl Into<String>) -> anyhow::Error {
-    ConfigError {
-        message: message.into(),
-        hint: hint.into(),
-    }
-    .into()
-}
-
-/// Writes `bytes` to `path` atomically: a synced temporary sibling renamed over `path`.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp{}", std::process::id()));
-    let result = (|| -> std::io::Result<()> {
-        let mut f = File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result.with_context(|| format!("writing {}", path.display()))
-}
-
 fn sha256_file(path: &Path) -> Result<String> {
     let bytes = fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     Ok(Sha256::digest(&bytes)
@@ -125,7 +98,7 @@ pub fn read_state(out: &Path) -> Result<Option<State>> {
     }
     let text = fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let state = serde_json::from_str(&text).map_err(|e| {
-        user(
+        ConfigError::new(
             format!("{} is not a shardes state file: {e}", path.display()),
             "pass --force to start over in this directory, or choose another run.out",
         )
@@ -160,7 +133,7 @@ fn checkpoint(out: &Path, trainer: &Trainer, key: Key, hash: &str) -> Result<()>
         params_sha256: sha256_file(&ppath)?,
     };
     let text = serde_json::to_string_pretty(&state)?;
-    write_atomic(&out.join("state.json"), text.as_bytes())
+    Ok(write_atomic(&out.join("state.json"), text.as_bytes())?)
 }
 
 /// Keeps the metrics of generations before `generation` (the checkpoint's) and drops the rest.
@@ -180,7 +153,7 @@ fn truncate_metrics(path: &Path, generation: u32) -> Result<()> {
             }
         }
     }
-    write_atomic(path, kept.as_bytes())
+    Ok(write_atomic(path, kept.as_bytes())?)
 }
 
 fn stats(fitness: &[f32]) -> (f64, f64, f64) {
@@ -238,13 +211,13 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
     let resume_state = if args.resume {
         let state =
             read_state(&out)?.ok_or_else(|| {
-                user(
+                ConfigError::new(
                 format!("--resume: {} holds no checkpoint (state.json)", out.display()),
                 "run without --resume to start this run, or point run.out at the run to continue",
             )
             })?;
         if state.config_hash != hash {
-            return Err(user(
+            return Err(ConfigError::new(
                 format!(
                     "--resume: {} holds a run of another config (hash {} ≠ {hash})",
                     out.display(),
@@ -252,20 +225,22 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
                 ),
                 "resume with the config that started it (only run.generations, run.out, \
                  run.checkpoint_every and plugin may change), or start over with --force",
-            ));
+            )
+            .into());
         }
         Some(state)
     } else {
         if let Some(other) = existing_hash(&out)? {
             if other != hash && !args.force {
-                return Err(user(
+                return Err(ConfigError::new(
                     format!(
                         "{} holds a run of another config (hash {other} ≠ {hash})",
                         out.display()
                     ),
                     "choose another run.out, pass --resume with that run's config, or --force \
                      to overwrite it",
-                ));
+                )
+                .into());
             }
         }
         if let Ok(Some(st)) = read_state(&out) {
@@ -291,21 +266,23 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
             let ppath = out.join("params.safetensors");
             let sha = sha256_file(&ppath)?;
             if sha != state.params_sha256 {
-                return Err(user(
+                return Err(ConfigError::new(
                     format!(
                         "{} does not match state.json (the run stopped between writing the two)",
                         ppath.display()
                     ),
                     "the checkpoint is inconsistent: start over with --force",
-                ));
+                )
+                .into());
             }
-            if state.key != s.key.data() {
-                return Err(user(
+            if state.key != s.problem.key.data() {
+                return Err(ConfigError::new(
                     "--resume: the checkpoint's key differs from key(run.seed)",
                     "resume with the config that started the run",
-                ));
+                )
+                .into());
             }
-            s.params = shardes::io::read_params(&ppath, &s.params)
+            s.problem.params = shardes::io::read_params(&ppath, &s.problem.params)
                 .with_context(|| format!("loading the checkpoint {}", ppath.display()))?;
             state.generation
         }
@@ -322,7 +299,7 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
     }
 
     let total = u32::try_from(config.run.generations).map_err(|_| {
-        user(
+        ConfigError::new(
             format!("run.generations = {} is too large", config.run.generations),
             "use at most 4294967295 generations",
         )
@@ -333,9 +310,9 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
         "shardes run {}\n  problem  {}: {} parameters in {} leaves\n  \
          es       {spec}, n {}, sigma {}, lr {}, {}, how {}\n  devices  {} × {} ({})\n  out      {}",
         args.config.display(),
-        s.summary,
-        s.params.num_params(),
-        s.params.num_leaves(),
+        s.problem.summary,
+        s.problem.params.num_params(),
+        s.problem.params.num_leaves(),
         config.es.n,
         config.es.sigma,
         config.es.lr,
@@ -353,8 +330,9 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
         );
         return Ok(Outcome::Finished);
     }
-    let mut trainer = Trainer::new(
-        &s.client, &s.es, &*s.model, &s.params, s.key, &s.batch, start,
+    let p = &s.problem;
+    let mut trainer = Trainer::with_state(
+        &s.client, &s.es, &*p.model, &p.params, p.key, &p.batch, start,
     )
     .context("building the generation program")?;
     let bt = trainer.build_times();
@@ -430,13 +408,13 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
             ),
         }
         if every > 0 && (done as usize).is_multiple_of(every) && done < total {
-            checkpoint(&out, &trainer, s.key, &hash)?;
+            checkpoint(&out, &trainer, s.problem.key, &hash)?;
         }
     }
     if interrupted.load(Ordering::SeqCst) {
         outcome = Outcome::Interrupted;
     }
-    checkpoint(&out, &trainer, s.key, &hash)?;
+    checkpoint(&out, &trainer, s.problem.key, &hash)?;
     if let Some(pb) = &pb {
         pb.finish();
         // The bar leaves the cursor at the end of its line.

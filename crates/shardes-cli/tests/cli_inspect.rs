@@ -178,6 +178,37 @@ fn diag_reports_flat_rank_and_linear_depth_for_qwen2() {
     }
 }
 
+/// `shardes bench` on the small config prints the table of the engine's report (these two
+/// lines were checked on `BenchReport::table` in tests/bench_engine.rs before the table
+/// moved to the CLI).
+#[test]
+fn bench_prints_the_table() {
+    let d = tempfile::tempdir().unwrap();
+    let c = write(
+        d.path(),
+        "c.toml",
+        &small_config(&d.path().join("out"), 1, 1),
+    );
+    let o = shardes(&[
+        "bench",
+        &c.to_string_lossy(),
+        "--how",
+        "AB",
+        "--generations",
+        "3",
+        "--warmup",
+        "1",
+        "--per-dispatch",
+        "2",
+        "--gemm-size",
+        "64",
+    ]);
+    let (table, stderr) = text(&o);
+    assert!(o.status.success(), "{table}\n{stderr}");
+    assert!(table.contains("generation / inference"), "{table}");
+    assert!(table.contains("ask + apply alone"), "{table}");
+}
+
 /// `--plugin cuda` finds the CUDA plugin where pip installs it (the `jax_plugins.xla_cuda12`
 /// package of the Python environment), and without one says what to install. The "CUDA
 /// plugin" here is the CPU plugin under the CUDA package's file name: this checks the

@@ -81,6 +81,56 @@ impl TransformerBlock {
     pub fn batch_shape(&self) -> [usize; 3] {
         [self.batch, self.seq, self.d_model]
     }
+
+    /// FLOPs (multiply-add = 2) of one inference pass of `n` members: with `T = batch·seq`
+    /// tokens per member, `S = seq` and width `d`, six `d × d` products `12 T d²` and
+    /// attention `4 T S d` per member.
+    pub fn inference_flops(&self, n: usize) -> f64 {
+        let (t, s, d) = self.tsd();
+        n as f64 * (12.0 * t * d * d + 4.0 * t * s * d)
+    }
+
+    /// Useful FLOPs of one ES generation: `n` members, `n / pairing` noise directions, the
+    /// population split over `devices`, noise of rank `rank` for 2-D leaves (`None`: dense).
+    ///
+    /// - low rank `r`: `wq, wk, wv` read the shared input, so their base products run once
+    ///   per device (`6 T d²` each); per member `wo, w_up, w_down` (`6 T d²`), six rank-`r`
+    ///   corrections (`24 T d r`) and attention; the update `2 r d²` per leaf and direction;
+    /// - dense noise: per member the inference work; the update `2 d²` per leaf and
+    ///   direction.
+    ///
+    /// This is the work the algorithm must do, not what a program happens to emit: the
+    /// update contraction counts once (not the `how = A` duplicates).
+    pub fn generation_flops(
+        &self,
+        n: usize,
+        pairing: usize,
+        devices: usize,
+        rank: Option<usize>,
+    ) -> f64 {
+        let (t, s, d) = self.tsd();
+        let nf = n as f64;
+        let dirs = nf / pairing as f64;
+        let attention = 4.0 * t * s * d;
+        match rank {
+            Some(r) => {
+                let r = r as f64;
+                devices as f64 * 6.0 * t * d * d
+                    + nf * (6.0 * t * d * d + 24.0 * t * d * r + attention)
+                    + 6.0 * dirs * 2.0 * r * d * d
+            }
+            None => self.inference_flops(n) + 6.0 * dirs * 2.0 * d * d,
+        }
+    }
+
+    /// `(T, S, d)` of the FLOP formulas as floats.
+    fn tsd(&self) -> (f64, f64, f64) {
+        (
+            (self.batch * self.seq) as f64,
+            self.seq as f64,
+            self.d_model as f64,
+        )
+    }
 }
 
 /// `d^-0.5` as the f32 the reference uses: computed in f64 (a Python float) and rounded
