@@ -14,6 +14,7 @@ pub use shardes_runtime as runtime;
 pub mod bench;
 pub mod hf;
 pub mod io;
+pub mod rundir;
 pub mod split;
 mod state;
 pub mod tokenizer;
