@@ -335,3 +335,49 @@ impl SafetensorsFile {
         Ok((shape, words.into_iter().map(u32::from_le_bytes).collect()))
     }
 }
+
+/// Serializes `tree` as safetensors in memory, one f32 tensor per leaf named by its path, as
+/// [`write_params`] writes it; `path` only names the destination in errors. A caller that
+/// hashes the bytes before writing them (`rundir`'s checkpoints) needs no re-read.
+pub fn params_to_bytes(path: &Path, tree: &ParamTree) -> Result<Vec<u8>, IoError> {
+    // The same steps as `write_named`, kept separate so that function stays as it is.
+    let named: Vec<(String, &Array)> = tree.leaves();
+    let mut bytes: HashMap<&str, Vec<u8>> = HashMap::with_capacity(named.len());
+    for (name, a) in &named {
+        let le: Vec<u8> = a.data().iter().flat_map(|x| x.to_le_bytes()).collect();
+        if bytes.insert(name.as_str(), le).is_some() {
+            return Err(IoError::DuplicateName {
+                path: path.to_path_buf(),
+                name: name.clone(),
+            });
+        }
+    }
+    let mut views = Vec::with_capacity(named.len());
+    for (name, a) in &named {
+        let data = bytes.get(name.as_str()).map(Vec::as_slice).unwrap_or(&[]);
+        let view = TensorView::new(Dtype::F32, a.shape().to_vec(), data).map_err(|source| {
+            IoError::Serialize {
+                path: path.to_path_buf(),
+                source,
+            }
+        })?;
+        views.push((name.as_str(), view));
+    }
+    safetensors::serialize(views, &None).map_err(|source| IoError::Serialize {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+impl SafetensorsFile {
+    /// Validates `bytes` (already read, e.g. to check their hash first) as the contents of
+    /// the safetensors file at `path`, which names the file in errors.
+    pub fn from_bytes(path: impl AsRef<Path>, bytes: Vec<u8>) -> Result<SafetensorsFile, IoError> {
+        let file = SafetensorsFile {
+            path: path.as_ref().to_path_buf(),
+            bytes,
+        };
+        file.parsed()?;
+        Ok(file)
+    }
+}

@@ -22,6 +22,7 @@ pub mod hf;
 pub mod io;
 pub mod problem;
 pub mod process;
+pub mod rundir;
 pub mod split;
 mod state;
 pub mod tasks;
