@@ -70,6 +70,8 @@ pub struct SplitTrainer {
     client: Client,
     ask_apply: Executable,
     tell: Executable,
+    /// The tell program's layout (the state holds ask_apply's).
+    tell_layout: Layout,
     state: DeviceState,
 }
 
@@ -90,7 +92,9 @@ impl SplitTrainer {
         check_devices(client, devices)?;
         let leaves = shardes_hlo::es::leaf_infos(params);
         let first = es.ask_apply_program(model, &leaves)?;
-        let second = es.tell_program(&leaves, first.layout.tasks)?;
+        // The same model: tell takes its fitness columns and sizes its chunks as the fused
+        // program for this model would.
+        let second = es.tell_program(model, &leaves)?;
         let opts = CompileOptions::new(devices);
         let ask_apply = client.compile(&first.module.to_mlir(), &opts)?;
         let tell = client.compile(&second.module.to_mlir(), &opts)?;
@@ -107,6 +111,7 @@ impl SplitTrainer {
             client: client.clone(),
             ask_apply,
             tell,
+            tell_layout: second.layout,
             state,
         })
     }
@@ -114,14 +119,17 @@ impl SplitTrainer {
     /// Runs `ask + apply` on the current state: the fitness of every member in global
     /// member order (`n`, or `n × g` row-major). The state is unchanged.
     pub fn evaluate(&self) -> Result<Vec<f32>, Error> {
+        let layout = &self.state.layout;
         let args: Vec<Vec<&Buffer>> = (0..self.state.devices())
-            .map(|d| self.state.args(d, true))
-            .collect();
+            .map(|d| self.state.args_for(layout, d, None))
+            .collect::<Result<_, _>>()?;
         let outs = self.ask_apply.execute(&args)?;
         let mut shards = Vec::with_capacity(outs.len());
-        for mut out in outs {
+        for out in outs {
             shards.push(
-                out.pop()
+                layout
+                    .split_results(out)?
+                    .fitness
                     .ok_or_else(|| Error::Invalid("ask_apply returned no fitness".into()))?,
             );
         }
@@ -132,7 +140,7 @@ impl SplitTrainer {
     /// bf16/f16 fitness is refused before anything runs; f64 is rounded to f32.
     pub fn tell(&mut self, fitness: &HostFitness) -> Result<(), Error> {
         let values = fitness.to_f32()?;
-        let layout = &self.state.layout;
+        let layout = &self.tell_layout;
         let want = layout.n * layout.tasks;
         if values.len() != want {
             return Err(Error::Invalid(format!(
@@ -143,21 +151,13 @@ impl SplitTrainer {
                 layout.tasks
             )));
         }
-        let mut dims = vec![layout.n];
-        if layout.tasks > 1 {
-            dims.push(layout.tasks);
-        }
         let devices = self.state.devices();
-        let fit_dev = replicate(&self.client, &values, &dims, devices)?;
+        let fit_dev = replicate(&self.client, &values, &layout.fitness_dims(), devices)?;
         let args: Vec<Vec<&Buffer>> = (0..devices)
-            .map(|d| {
-                let mut a = self.state.args(d, false);
-                a.push(&fit_dev[d]);
-                a
-            })
-            .collect();
+            .map(|d| self.state.args_for(layout, d, Some(&fit_dev[d])))
+            .collect::<Result<_, _>>()?;
         let outs = self.tell.execute(&args)?;
-        self.state.absorb(outs, 0, 1)?;
+        self.state.absorb_for(&self.tell_layout, outs, 1)?;
         Ok(())
     }
 

@@ -1,12 +1,13 @@
 //! ES state on the devices, shared by [`crate::Trainer`] and [`crate::SplitTrainer`].
 //!
 //! Parameters, key and generation are replicated on each of the ES's devices, as are the
-//! batch inputs. A program consumes `(params…, key, generation, extra…)` and returns
-//! `(params'…, generation', extra…)`; [`DeviceState::absorb`] takes the new state from its
-//! outputs and hands back the extra results.
+//! batch inputs. A program's [`Layout`] orders its arguments and results:
+//! [`DeviceState::args_for`] lists a device's arguments for it, and
+//! [`DeviceState::absorb_for`] takes the new state from its results and hands back the
+//! fitness.
 
 use shardes_hlo::builder::DType;
-use shardes_hlo::es::Layout;
+use shardes_hlo::es::{Layout, ProgramResults};
 use shardes_hlo::params::{Array, ParamTree};
 use shardes_hlo::prng::Key;
 use shardes_runtime::{Buffer, Client, Element};
@@ -15,6 +16,7 @@ use crate::Error;
 
 /// The replicated state of one run.
 pub(crate) struct DeviceState {
+    /// The layout of the program that takes the batch (generation or ask_apply).
     pub(crate) layout: Layout,
     template: ParamTree,
     /// `[device][leaf]`.
@@ -126,7 +128,7 @@ impl DeviceState {
                 params_dev[d].push(b);
             }
         }
-        Ok(DeviceState {
+        let state = DeviceState {
             layout,
             template: params.clone(),
             params: params_dev,
@@ -134,7 +136,13 @@ impl DeviceState {
             generation: replicate(client, &[generation], &[], devices)?,
             batch: batch_dev,
             generation_host: generation,
-        })
+        };
+        // The leaves and the batch against the layout, once: every later argument list
+        // is built from the same parts.
+        for d in 0..devices {
+            state.args_for(&state.layout, d, None)?;
+        }
+        Ok(state)
     }
 
     /// Devices holding the state.
@@ -142,44 +150,70 @@ impl DeviceState {
         self.params.len()
     }
 
-    /// Device `d`'s arguments: `params…, key, generation`, then the batch if `with_batch`.
-    pub(crate) fn args(&self, d: usize, with_batch: bool) -> Vec<&Buffer> {
-        let mut a: Vec<&Buffer> = self.params[d].iter().collect();
-        a.push(&self.key[d]);
-        a.push(&self.generation[d]);
-        if with_batch {
-            a.extend(self.batch[d].iter());
-        }
-        a
+    /// Device `d`'s arguments for a `layout` program: the state, then the batch, or for a
+    /// tell program the `fitness`. A fitness given to a program that takes none is one
+    /// argument too many, which the layout refuses.
+    pub(crate) fn args_for<'a>(
+        &'a self,
+        layout: &Layout,
+        d: usize,
+        fitness: Option<&'a Buffer>,
+    ) -> Result<Vec<&'a Buffer>, Error> {
+        let tail: Vec<&Buffer> = if layout.fitness_arg().is_some() {
+            fitness.into_iter().collect()
+        } else {
+            self.batch[d].iter().chain(fitness).collect()
+        };
+        Ok(layout.args(&self.params[d], &self.key[d], &self.generation[d], tail)?)
     }
 
-    /// Takes `(params'…, generation', extra…)` per device as the new state (advancing the
-    /// host generation by `advance`) and returns the `extra` trailing results per device.
+    /// Takes each device's results of a `layout` program (which returns the state) as the
+    /// new state, advancing the host generation by `advance`, and returns each device's
+    /// fitness result (none for a tell program). Nothing changes unless every device's
+    /// results fit the layout.
+    pub(crate) fn absorb_for(
+        &mut self,
+        layout: &Layout,
+        outs: Vec<Vec<Buffer>>,
+        advance: u32,
+    ) -> Result<Vec<Option<Buffer>>, Error> {
+        let results = split_all(layout, outs)?;
+        Ok(self.take(results, advance))
+    }
+
+    /// trainer.rs's form of [`DeviceState::args_for`] for the stored layout (the lead moves
+    /// trainer.rs over): `upload` built every device's list once, so the empty fallback is
+    /// never taken.
+    pub(crate) fn args(&self, d: usize, _with_batch: bool) -> Vec<&Buffer> {
+        self.args_for(&self.layout, d, None).unwrap_or_default()
+    }
+
+    /// trainer.rs's form of [`DeviceState::absorb_for`] for the stored layout: the fitness
+    /// result of each device, as a list (the layout knows there is one, so `_extra` is
+    /// not needed).
     pub(crate) fn absorb(
         &mut self,
         outs: Vec<Vec<Buffer>>,
-        extra: usize,
+        _extra: usize,
         advance: u32,
     ) -> Result<Vec<Vec<Buffer>>, Error> {
-        let nl = self.layout.leaves.len();
-        let mut extras = Vec::with_capacity(outs.len());
-        for (d, mut out) in outs.into_iter().enumerate() {
-            if out.len() != nl + 1 + extra {
-                return Err(Error::Invalid(format!(
-                    "the program returned {} results, expected {nl} leaves + generation + {extra}",
-                    out.len()
-                )));
-            }
-            let tail = out.split_off(nl + 1);
-            let gen = out
-                .pop()
-                .ok_or_else(|| Error::Invalid("no generation result".into()))?;
-            self.params[d] = out;
-            self.generation[d] = gen;
-            extras.push(tail);
+        let results = split_all(&self.layout, outs)?;
+        Ok(self
+            .take(results, advance)
+            .into_iter()
+            .map(|f| f.into_iter().collect())
+            .collect())
+    }
+
+    fn take(&mut self, results: Vec<DeviceResults>, advance: u32) -> Vec<Option<Buffer>> {
+        let mut fitness = Vec::with_capacity(results.len());
+        for (d, (params, generation, fit)) in results.into_iter().enumerate() {
+            self.params[d] = params;
+            self.generation[d] = generation;
+            fitness.push(fit);
         }
         self.generation_host += advance;
-        Ok(extras)
+        fitness
     }
 
     /// Copies the parameters back to the host (from device 0; every device holds the same).
@@ -191,4 +225,28 @@ impl DeviceState {
         }
         Ok(ParamTree::from_leaves(&self.template, leaves)?)
     }
+}
+
+/// One device's new parameters and generation, and its fitness result if any.
+type DeviceResults = (Vec<Buffer>, Buffer, Option<Buffer>);
+
+/// Each device's results of a `layout` program as `(params', generation', fitness)`,
+/// refusing a list of the wrong length or a program that returns no state.
+fn split_all(layout: &Layout, outs: Vec<Vec<Buffer>>) -> Result<Vec<DeviceResults>, Error> {
+    outs.into_iter()
+        .map(|out| {
+            let ProgramResults {
+                params,
+                generation,
+                fitness,
+            } = layout.split_results(out)?;
+            let generation = generation.ok_or_else(|| {
+                Error::Invalid(format!(
+                    "the {} program returns no state to take; run it without absorbing",
+                    layout.kind.name()
+                ))
+            })?;
+            Ok((params, generation, fitness))
+        })
+        .collect()
 }

@@ -7,7 +7,7 @@ mod support;
 use std::time::Instant;
 
 use shardes::hlo::builder::{self, DType, Value};
-use shardes::hlo::es::shaping::{by_name, NoShaping};
+use shardes::hlo::es::shaping::{NoShaping, ShapingSpec};
 use shardes::hlo::es::strategy::{
     from_spec, full_rank_noise, IidGaussian, LowRank, Mirrored, SeedRegenerated,
 };
@@ -151,7 +151,7 @@ fn task_count_must_match_the_shaping() {
         err.contains("3 task losses") && err.contains("group_relative"),
         "{err}"
     );
-    let es = es.with_shaping(by_name("group_relative").expect("shaping"));
+    let es = es.with_shaping(ShapingSpec::GroupRelative.build());
     let p = es
         .generation_program(&Mlp::MULTI, &leaves)
         .expect("group_relative takes task losses");

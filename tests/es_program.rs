@@ -11,7 +11,7 @@
 
 mod support;
 
-use shardes::hlo::es::shaping::by_name;
+use shardes::hlo::es::shaping::ShapingSpec;
 use shardes::hlo::es::strategy::from_spec;
 use shardes::hlo::es::{leaf_infos, How, Model, ShardedES, Strategy, StrategySpec};
 use shardes::runtime::{Client, HloModule};
@@ -38,7 +38,12 @@ fn strategy(name: &str) -> Box<dyn Strategy> {
 fn es(strat: &str, shaping: &str, how: How, devices: usize) -> ShardedES {
     ShardedES::new(strategy(strat), N, SIGMA, LR, devices)
         .expect("valid settings")
-        .with_shaping(by_name(shaping).expect("known shaping"))
+        .with_shaping(
+            shaping
+                .parse::<ShapingSpec>()
+                .expect("known shaping")
+                .build(),
+        )
         .with_how(how)
 }
 

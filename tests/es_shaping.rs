@@ -9,7 +9,7 @@ mod support;
 
 use shardes::hlo::builder::{DType, Module, TensorType};
 use shardes::hlo::es::shaping::{
-    by_name, shaping_function, Centered, CenteredRanks, GroupRelative, NoShaping, Shaping,
+    shaping_function, Centered, CenteredRanks, GroupRelative, NoShaping, Shaping, ShapingSpec,
 };
 use shardes::hlo::es::strategy::from_spec;
 use shardes::hlo::es::ShardedES;
@@ -138,7 +138,10 @@ fn shapings_are_found_by_their_config_names() {
     // The spec's four names; each shaping reports its own name, and only group_relative
     // takes several fitness columns (`tasks() = None`: any g).
     for name in ["centered_ranks", "centered", "group_relative", "none"] {
-        let s = by_name(name).unwrap_or_else(|| panic!("{name} is a spec shaping"));
+        let s = name
+            .parse::<ShapingSpec>()
+            .unwrap_or_else(|e| panic!("{name} is a spec shaping: {e}"))
+            .build();
         assert_eq!(s.name(), name);
         let tasks = if name == "group_relative" {
             None
@@ -151,8 +154,8 @@ fn shapings_are_found_by_their_config_names() {
     assert_eq!(Centered.name(), "centered");
     assert_eq!(GroupRelative.name(), "group_relative");
     assert_eq!(NoShaping.name(), "none");
-    assert!(by_name("ranks").is_none());
-    assert!(by_name("").is_none());
+    assert!("ranks".parse::<ShapingSpec>().is_err());
+    assert!("".parse::<ShapingSpec>().is_err());
 }
 
 #[test]
@@ -160,7 +163,7 @@ fn fitness_other_than_f32_is_refused_before_anything_runs() {
     // Spec guarantee 3 (narrower than f32) and the shapings' contract (f32 only): emitting
     // the shaping fails, for the one-column shape and, for group_relative, [n, g] too.
     for name in ["centered_ranks", "centered", "group_relative", "none"] {
-        let s = by_name(name).expect("spec shaping");
+        let s = name.parse::<ShapingSpec>().expect("spec shaping").build();
         for dtype in [DType::BF16, DType::F16, DType::F64] {
             let ty = TensorType::new(dtype, &[4]);
             assert!(
@@ -238,7 +241,7 @@ fn mirrored_with_uniform_fitness_gives_an_exactly_zero_update() {
     ] {
         let es = ShardedES::new(from_spec(&strat.parse().expect("spec")), 64, 0.1, 1.0, 8)
             .expect("valid")
-            .with_shaping(shardes::hlo::es::shaping::by_name(shaping).expect("shaping"));
+            .with_shaping(shaping.parse::<ShapingSpec>().expect("shaping").build());
         let g = one_generation(&client, &es, &Constant, &params, &batch);
         assert!(
             g.fitness.iter().all(|&f| f == 1.5),

@@ -10,7 +10,7 @@ mod support;
 
 use std::time::Instant;
 
-use shardes::hlo::es::shaping::by_name;
+use shardes::hlo::es::shaping::ShapingSpec;
 use shardes::hlo::es::strategy::{from_spec, LowRank, Mirrored};
 use shardes::hlo::es::{EsError, ShardedES};
 use shardes::hlo::params::ParamTree;
@@ -31,7 +31,7 @@ fn es(strat: &str, shaping: &str, devices: usize) -> ShardedES {
         devices,
     )
     .expect("valid")
-    .with_shaping(by_name(shaping).expect("shaping"))
+    .with_shaping(shaping.parse::<ShapingSpec>().expect("shaping").build())
 }
 
 fn worst_leaf_diff(a: &ParamTree, b: &ParamTree) -> f64 {

@@ -1,21 +1,34 @@
 //! Evolution strategies: strategies, shapings and the generation program.
 //!
-//! - [`spec`]: strategy names as written in configs (`mirrored(lowrank(r=1))`);
+//! - [`spec`]: strategy and placement names as written in configs
+//!   (`mirrored(lowrank(r=1))`, `B`);
 //! - [`strategy`]: the [`Strategy`] trait and `LowRank`, `SeedRegenerated`, `IidGaussian`,
 //!   `Mirrored`;
-//! - [`shaping`]: the [`Shaping`] trait and the four shapings of the spec;
-//! - [`program`]: [`ShardedES`], the [`Model`] trait, the generation program and
-//!   [`check_model`].
+//! - [`shaping`]: the [`Shaping`] trait, the four shapings of the spec and their names;
+//! - [`settings`]: [`ShardedES`] (validated settings, member chunks) and [`EsSpec`], the
+//!   config's `[es]` section;
+//! - [`model`]: the [`Model`] trait, [`ModelParams`] and [`check_model`];
+//! - [`layout`]: [`Layout`], the argument and result order of every program;
+//! - [`program`]: the programs ([`ShardedES::generation_program`] and the others);
+//! - [`error`]: the error type, [`EsError`].
 
+pub mod error;
+mod generation;
+pub mod layout;
+pub mod model;
 pub mod program;
+pub mod settings;
 pub mod shaping;
 pub mod spec;
 pub mod strategy;
 
-pub use program::{
-    check_model, leaf_infos, Access, EsError, Finding, How, Layout, Model, ModelParams, Program,
-    ShardedES, CHUNK_BYTES, DEFAULT_MEMBER_CHUNK, KEEP_NOISE_BYTES, TELL_CHUNK_BYTES,
+pub use error::EsError;
+pub use layout::{Layout, ProgramArgs, ProgramKind, ProgramResults};
+pub use model::{check_model, leaf_infos, Access, Finding, Model, ModelParams};
+pub use program::Program;
+pub use settings::{
+    EsSpec, ShardedES, CHUNK_BYTES, DEFAULT_MEMBER_CHUNK, KEEP_NOISE_BYTES, TELL_CHUNK_BYTES,
 };
-pub use shaping::Shaping;
-pub use spec::{SpecError, StrategySpec};
+pub use shaping::{Shaping, ShapingError, ShapingSpec, SHAPING_NAMES};
+pub use spec::{How, HowError, SpecError, StrategySpec};
 pub use strategy::{LeafInfo, Noise, Strategy};

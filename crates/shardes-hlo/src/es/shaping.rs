@@ -3,7 +3,11 @@
 //! Exactly the definitions of the spec's "Shaping" section. Shaping runs on the gathered
 //! fitness of the whole population (only scalars cross the wire).
 
+use std::fmt;
+
 use crate::builder::{Cmp, DType, Func, HloError, Result, TensorType, Value};
+
+use super::spec::serde_as_text;
 
 /// A fitness shaping. Implement it to plug in your own.
 pub trait Shaping {
@@ -54,15 +58,98 @@ pub struct GroupRelative;
 #[derive(Clone, Copy, Debug, Default)]
 pub struct NoShaping;
 
-/// The shaping named in a config: `centered_ranks`, `centered`, `group_relative`, `none`.
-pub fn by_name(name: &str) -> Option<Box<dyn Shaping>> {
-    match name {
-        "centered_ranks" => Some(Box::new(CenteredRanks)),
-        "centered" => Some(Box::new(Centered)),
-        "group_relative" => Some(Box::new(GroupRelative)),
-        "none" => Some(Box::new(NoShaping)),
-        _ => None,
+/// The names of the shapings as a config writes them, in [`ShapingSpec::ALL`]'s order: the
+/// one place they are listed.
+pub const SHAPING_NAMES: [&str; 4] = ["centered_ranks", "centered", "group_relative", "none"];
+
+/// One of the spec's four shapings by name: `centered_ranks`, `centered`, `group_relative`,
+/// `none`. [`std::str::FromStr`] and [`fmt::Display`] round-trip (serde goes through
+/// them), and [`ShapingSpec::build`] gives the shaping.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ShapingSpec {
+    /// [`CenteredRanks`] (default).
+    #[default]
+    CenteredRanks,
+    /// [`Centered`].
+    Centered,
+    /// [`GroupRelative`].
+    GroupRelative,
+    /// [`NoShaping`].
+    None,
+}
+
+impl ShapingSpec {
+    /// Every shaping, in [`SHAPING_NAMES`]'s order.
+    pub const ALL: [ShapingSpec; 4] = [
+        ShapingSpec::CenteredRanks,
+        ShapingSpec::Centered,
+        ShapingSpec::GroupRelative,
+        ShapingSpec::None,
+    ];
+
+    /// The config name.
+    pub fn name(self) -> &'static str {
+        // `ALL` lists the variants in declaration order, so the discriminant is the index.
+        SHAPING_NAMES[self as usize]
     }
+
+    /// The shaping.
+    pub fn build(self) -> Box<dyn Shaping> {
+        match self {
+            ShapingSpec::CenteredRanks => Box::new(CenteredRanks),
+            ShapingSpec::Centered => Box::new(Centered),
+            ShapingSpec::GroupRelative => Box::new(GroupRelative),
+            ShapingSpec::None => Box::new(NoShaping),
+        }
+    }
+}
+
+impl fmt::Display for ShapingSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A shaping name that is not one of [`SHAPING_NAMES`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown shaping \"{input}\" (valid: {})", SHAPING_NAMES.join(", "))]
+pub struct ShapingError {
+    /// The text that was given.
+    pub input: String,
+}
+
+impl ShapingError {
+    /// What is wrong: `unknown shaping "x"`.
+    pub fn message(&self) -> String {
+        format!("unknown shaping \"{}\"", self.input)
+    }
+
+    /// The names that are accepted.
+    pub fn valid(&self) -> &'static [&'static str] {
+        &SHAPING_NAMES
+    }
+}
+
+impl std::str::FromStr for ShapingSpec {
+    type Err = ShapingError;
+
+    fn from_str(input: &str) -> std::result::Result<Self, ShapingError> {
+        SHAPING_NAMES
+            .iter()
+            .position(|&n| n == input)
+            .map(|i| ShapingSpec::ALL[i])
+            .ok_or_else(|| ShapingError {
+                input: input.to_string(),
+            })
+    }
+}
+
+serde_as_text!(ShapingSpec);
+
+/// The shaping named in a config, `None` for an unknown name: [`ShapingSpec`]'s parse and
+/// [`ShapingSpec::build`] (whose error names the valid shapings).
+pub fn by_name(name: &str) -> Option<Box<dyn Shaping>> {
+    name.parse::<ShapingSpec>().ok().map(ShapingSpec::build)
 }
 
 /// Shifts `x` (length n) by `k` positions along dim 0, filling with `fill`:
@@ -106,7 +193,7 @@ pub fn midranks(f: &Value) -> Result<Value> {
 /// Midranks, optionally multiplied by `scale` (an f32 scalar) before they are permuted back
 /// to member order.
 fn midranks_scaled(f: &Value, scale: Option<&Value>) -> Result<Value> {
-    let n = vector("centered_ranks", f)?;
+    let n = vector(ShapingSpec::CenteredRanks.name(), f)?;
     let func = f.func();
     let inf = func.scalar(f32::INFINITY)?;
     let nan = f.ne(f)?;
@@ -142,11 +229,11 @@ fn midranks_scaled(f: &Value, scale: Option<&Value>) -> Result<Value> {
 
 impl Shaping for CenteredRanks {
     fn name(&self) -> String {
-        "centered_ranks".into()
+        ShapingSpec::CenteredRanks.name().into()
     }
 
     fn weights(&self, f: &Value) -> Result<Value> {
-        let n = vector("centered_ranks", f)?;
+        let n = vector(ShapingSpec::CenteredRanks.name(), f)?;
         let func = f.func();
         if n < 2 {
             return func.full(0.0f32, &[n]);
@@ -163,11 +250,11 @@ impl Shaping for CenteredRanks {
 
 impl Shaping for Centered {
     fn name(&self) -> String {
-        "centered".into()
+        ShapingSpec::Centered.name().into()
     }
 
     fn weights(&self, f: &Value) -> Result<Value> {
-        let n = vector("centered", f)?;
+        let n = vector(ShapingSpec::Centered.name(), f)?;
         if n < 2 {
             return Ok(f.clone());
         }
@@ -179,7 +266,7 @@ impl Shaping for Centered {
 
 impl Shaping for GroupRelative {
     fn name(&self) -> String {
-        "group_relative".into()
+        ShapingSpec::GroupRelative.name().into()
     }
 
     fn tasks(&self) -> Option<usize> {
@@ -192,7 +279,7 @@ impl Shaping for GroupRelative {
             [n] if f.dtype() == DType::F32 => (*n, 1),
             _ => {
                 return Err(shaping_err(
-                    "group_relative",
+                    ShapingSpec::GroupRelative.name(),
                     f,
                     "expects f32[n, g] fitness (members × tasks)",
                 ))
@@ -215,11 +302,11 @@ impl Shaping for GroupRelative {
 
 impl Shaping for NoShaping {
     fn name(&self) -> String {
-        "none".into()
+        ShapingSpec::None.name().into()
     }
 
     fn weights(&self, f: &Value) -> Result<Value> {
-        vector("none", f)?;
+        vector(ShapingSpec::None.name(), f)?;
         Ok(f.clone())
     }
 }
@@ -235,4 +322,52 @@ pub fn shaping_function(
     let w = shaping.weights(&x)?;
     f.output(&w)?;
     f.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shaping_names_round_trip_and_build_their_shaping() {
+        for (spec, name) in ShapingSpec::ALL.into_iter().zip(SHAPING_NAMES) {
+            assert_eq!(spec.to_string(), name);
+            assert_eq!(name.parse::<ShapingSpec>().unwrap(), spec);
+            assert_eq!(spec.build().name(), name);
+            assert_eq!(by_name(name).map(|s| s.name()), Some(name.to_string()));
+        }
+        assert_eq!(
+            ["centered_ranks", "centered", "group_relative", "none"],
+            SHAPING_NAMES
+        );
+        assert_eq!(ShapingSpec::default(), ShapingSpec::CenteredRanks);
+    }
+
+    #[test]
+    fn an_unknown_shaping_names_itself_and_the_valid_list() {
+        let e = "centred_ranks".parse::<ShapingSpec>().unwrap_err();
+        assert_eq!(e.input, "centred_ranks");
+        assert_eq!(e.message(), "unknown shaping \"centred_ranks\"");
+        assert_eq!(e.valid(), SHAPING_NAMES);
+        assert_eq!(
+            e.to_string(),
+            "unknown shaping \"centred_ranks\" (valid: centered_ranks, centered, \
+             group_relative, none)"
+        );
+        assert!("".parse::<ShapingSpec>().is_err());
+        // Names are exact: no case folding, unlike placements.
+        assert!("None".parse::<ShapingSpec>().is_err());
+        assert!(by_name("ranks").is_none());
+    }
+
+    #[test]
+    fn serde_reads_and_writes_the_name() {
+        let s: ShapingSpec = serde_json::from_str("\"group_relative\"").unwrap();
+        assert_eq!(s, ShapingSpec::GroupRelative);
+        assert_eq!(serde_json::to_string(&s).unwrap(), "\"group_relative\"");
+        let e = serde_json::from_str::<ShapingSpec>("\"rank\"")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown shaping \"rank\" (valid: "), "{e}");
+    }
 }

@@ -1,11 +1,15 @@
-//! Textual names of strategies, shapings and placements, as written in a config file.
+//! Textual names of strategies and placements, as written in a config file (shapings have
+//! theirs in [`super::shaping::ShapingSpec`]).
 //!
 //! `"mirrored(lowrank(r=1))"`, `"seed_regenerated(chunk=4)"`, `"iid_gaussian"`: the grammar is
 //! `name` or `name(arg, ...)` where an argument is `key=integer` or a nested strategy (only
-//! `mirrored` takes one). Parsing and [`std::fmt::Display`] round-trip.
+//! `mirrored` takes one). Placements are `"A"` and `"B"` ([`How`]). Parsing and
+//! [`std::fmt::Display`] round-trip, and serde reads and writes each through them.
 
 use std::fmt;
 use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer};
 
 /// The names that [`StrategySpec::from_str`] accepts, for error messages.
 pub const STRATEGY_NAMES: &[&str] = &[
@@ -92,6 +96,102 @@ impl FromStr for StrategySpec {
         Ok(spec)
     }
 }
+
+/// Where the update is contracted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum How {
+    /// Gather the weights; every device regenerates and contracts the whole population.
+    A,
+    /// Each device contracts its own members; one parameter-sized all-reduce (default).
+    #[default]
+    B,
+}
+
+/// What to write instead of an unknown placement.
+const HOW_FIX: &str =
+    "use \"B\" (contract per device, then all-reduce) or \"A\" (gather weights, contract everywhere)";
+
+/// A placement other than `A` or `B`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown placement \"{input}\"; {HOW_FIX}")]
+pub struct HowError {
+    /// The text that was given.
+    pub input: String,
+}
+
+impl HowError {
+    /// What is wrong: `unknown placement "C"`.
+    pub fn message(&self) -> String {
+        format!("unknown placement \"{}\"", self.input)
+    }
+
+    /// What to write instead.
+    pub fn fix(&self) -> &'static str {
+        HOW_FIX
+    }
+}
+
+impl fmt::Display for How {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            How::A => "A",
+            How::B => "B",
+        })
+    }
+}
+
+impl FromStr for How {
+    type Err = HowError;
+
+    /// `A` or `B`, either case.
+    fn from_str(input: &str) -> Result<Self, HowError> {
+        match input {
+            "A" | "a" => Ok(How::A),
+            "B" | "b" => Ok(How::B),
+            _ => Err(HowError {
+                input: input.to_string(),
+            }),
+        }
+    }
+}
+
+/// Deserializes a string through [`FromStr`], the parse error's text as serde's error.
+pub(crate) fn deserialize_parsed<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: FromStr,
+    T::Err: fmt::Display,
+{
+    String::deserialize(d)?
+        .parse()
+        .map_err(serde::de::Error::custom)
+}
+
+/// Serde through [`FromStr`] and [`fmt::Display`], as a config file writes the value.
+macro_rules! serde_as_text {
+    ($t:ty) => {
+        impl<'de> serde::Deserialize<'de> for $t {
+            fn deserialize<D: serde::Deserializer<'de>>(
+                d: D,
+            ) -> ::std::result::Result<Self, D::Error> {
+                $crate::es::spec::deserialize_parsed(d)
+            }
+        }
+
+        impl serde::Serialize for $t {
+            fn serialize<S: serde::Serializer>(
+                &self,
+                s: S,
+            ) -> ::std::result::Result<S::Ok, S::Error> {
+                s.collect_str(self)
+            }
+        }
+    };
+}
+pub(crate) use serde_as_text;
+
+serde_as_text!(StrategySpec);
+serde_as_text!(How);
 
 struct Parser<'a> {
     s: &'a [u8],
@@ -262,5 +362,51 @@ mod tests {
             assert!(e.contains(needle), "{text}: {e}");
             assert!(e.contains("valid:"), "{e}");
         }
+    }
+
+    #[test]
+    fn placements_round_trip_in_either_case() {
+        for (text, how) in [("A", How::A), ("a", How::A), ("B", How::B), ("b", How::B)] {
+            let parsed: How = text.parse().unwrap();
+            assert_eq!(parsed, how);
+            assert_eq!(parsed.to_string(), text.to_ascii_uppercase());
+            assert_eq!(parsed.to_string().parse::<How>().unwrap(), how);
+        }
+        assert_eq!(How::default(), How::B);
+    }
+
+    #[test]
+    fn an_unknown_placement_names_itself_and_the_two_choices() {
+        let e = "C".parse::<How>().unwrap_err();
+        assert_eq!(e.message(), "unknown placement \"C\"");
+        assert_eq!(
+            e.fix(),
+            "use \"B\" (contract per device, then all-reduce) or \"A\" (gather weights, \
+             contract everywhere)"
+        );
+        assert_eq!(e.to_string(), format!("{}; {}", e.message(), e.fix()));
+        assert!("".parse::<How>().is_err());
+        assert!("AB".parse::<How>().is_err());
+    }
+
+    #[test]
+    fn serde_reads_and_writes_the_text() {
+        let how: How = serde_json::from_str("\"a\"").unwrap();
+        assert_eq!(how, How::A);
+        assert_eq!(serde_json::to_string(&How::B).unwrap(), "\"B\"");
+        let e = serde_json::from_str::<How>("\"C\"")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown placement \"C\""), "{e}");
+        let s: StrategySpec = serde_json::from_str("\" Mirrored(lowrank) \"").unwrap();
+        assert_eq!(
+            serde_json::to_string(&s).unwrap(),
+            "\"mirrored(lowrank(r=1))\""
+        );
+        let e = serde_json::from_str::<StrategySpec>("\"lowrnk\"")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown strategy \"lowrnk\""), "{e}");
+        assert!(serde_json::from_str::<How>("1").is_err());
     }
 }

@@ -1,0 +1,696 @@
+//! The generation's emission: `ask`, `apply` and `tell` as ops, for the entry points in
+//! [`super::program`].
+//!
+//! Placement:
+//! - members are split over the `"pop"` axis; each device evaluates its own `n / D`
+//!   members, `member_chunk` at a time in a `while` loop (inside `sdy.manual_computation`,
+//!   so the split is exact and the chunk shape does not depend on the device count);
+//! - the fitness is gathered (scalars only) and shaped on every device;
+//! - `how = B`: each device contracts its own members, then one all-reduce per leaf;
+//!   `how = A`: every device regenerates and contracts the whole population.
+
+use std::cell::RefCell;
+
+use crate::builder::{DType, DotDims, HloError, Module, Sharding, TensorType, Value};
+use crate::nn::{Act, Weight};
+use crate::prng::emit::Keys;
+
+use super::error::{invalid, EsError};
+use super::layout::{Layout, ProgramArgs, ProgramResults};
+use super::model::{Leaf, Model, ModelParams};
+use super::settings::ShardedES;
+use super::spec::How;
+use super::strategy::{LeafInfo, Noise, Strategy};
+
+fn dims(lb: &[usize], rb: &[usize], lc: &[usize], rc: &[usize]) -> DotDims {
+    DotDims {
+        lhs_batch: lb.to_vec(),
+        rhs_batch: rb.to_vec(),
+        lhs_contract: lc.to_vec(),
+        rhs_contract: rc.to_vec(),
+    }
+}
+
+/// Carries an [`EsError`] out of a builder region closure (regions can only fail with
+/// [`HloError`]): the closure's error is kept here and returned once the region is built.
+struct Stash(RefCell<Option<EsError>>);
+
+impl Stash {
+    fn new() -> Self {
+        Stash(RefCell::new(None))
+    }
+
+    /// Runs `f` inside a region, stashing its error and handing the builder a summary.
+    fn run<T>(
+        &self,
+        op: &str,
+        f: impl FnOnce() -> Result<T, EsError>,
+    ) -> crate::builder::Result<T> {
+        f().map_err(|e| {
+            let reason = e.to_string();
+            *self.0.borrow_mut() = Some(e);
+            HloError::InvalidAttribute {
+                op: op.into(),
+                types: String::new(),
+                reason,
+            }
+        })
+    }
+
+    /// The region's result, the stashed error first.
+    fn finish<T>(self, r: crate::builder::Result<T>) -> Result<T, EsError> {
+        match self.0.into_inner() {
+            Some(e) => Err(e),
+            None => Ok(r?),
+        }
+    }
+}
+
+/// Direction ids and signs of a block of member ids (`u32[c]`, aligned to the pairing):
+/// `dirs = ids[::p] / p` (`u32[c/p]`), `signs` f32[c] (+1, or −1 for odd mirrored members).
+fn directions(ids: &Value, p: i64) -> Result<(Value, Value), EsError> {
+    let f = ids.func();
+    let c = ids.shape()[0];
+    if p == 1 {
+        return Ok((ids.clone(), f.full(1.0f32, &[c])?));
+    }
+    let dirs = ids
+        .reshape(&[c / p, p])?
+        .slice_in_dim(0, 1, 1)?
+        .reshape(&[c / p])?
+        .shift_right_logical(&f.scalar(1u32)?)?;
+    let odd = ids.and(&f.scalar(1u32)?)?.convert(DType::F32)?;
+    let signs = f.scalar(1.0f32)?.sub(&odd.mul(&f.scalar(2.0f32)?)?)?;
+    Ok((dirs, signs))
+}
+
+/// Multiplies `x [c, ...]` by `s [c]` along dim 0.
+fn scale_rows(x: &Value, s: &Value) -> Result<Value, EsError> {
+    Ok(x.mul(&s.broadcast_in_dim(x.shape(), &[0])?)?)
+}
+
+/// The chunk's noise, each element computed once.
+///
+/// XLA:CPU fuses cheap elementwise producers into their consumers, even where the consumer
+/// reads each element many times: the noise transform (uniform bits → erf_inv polynomial)
+/// was fused into the rank-1 corrections `(x B) Aᵀ` (a broadcast multiply once XLA
+/// strength-reduces the r = 1 dot), so every factor element was recomputed once per token.
+/// A profile of the quickstart put 40 % of a generation in those fusions.
+/// `optimization_barrier` does not help (XLA:CPU expands it before fusion); an "expensive"
+/// op does, because XLA never duplicates one into a consumer that reuses its elements.
+/// `remainder(z, +inf)` is such an op and the identity on finite `z` (IEEE 754 `fmod`), so
+/// the noise keeps its exact bits.
+fn materialize(noise: Vec<Noise>) -> Result<Vec<Noise>, EsError> {
+    let once =
+        |v: &Value| -> Result<Value, EsError> { Ok(v.rem(&v.func().scalar(f32::INFINITY)?)?) };
+    noise
+        .into_iter()
+        .map(|n| {
+            Ok(match n {
+                Noise::Dense(v) => Noise::Dense(once(&v)?),
+                Noise::Factors { a, b } => Noise::Factors {
+                    a: once(&a)?,
+                    b: once(&b)?,
+                },
+            })
+        })
+        .collect()
+}
+
+/// The per-leaf stream keys `fold_in(base_key, j)`, as one batch `[L]` (one draw).
+fn streams(base: &Keys, leaves: &[LeafInfo]) -> Result<Keys, EsError> {
+    let f = base.words().0.func();
+    let ids = f.iota(TensorType::u32(&[leaves.len() as i64]), 0)?;
+    Ok(base.fold_in(&ids)?)
+}
+
+/// The shapes of the values each leaf's noise is made of for one direction
+/// (`[1, ..leaf shape]` dense, `[1, r, m]` and `[1, r, k]` for factors), probed by drawing
+/// one direction in a scratch module that is then dropped: a manual computation declares
+/// its results, and a loop its carry, before their bodies are built.
+fn noise_shapes(
+    strategy: &dyn Strategy,
+    leaves: &[LeafInfo],
+) -> Result<Vec<Vec<Vec<i64>>>, EsError> {
+    let probe = Module::new("probe");
+    let f = probe.func("probe");
+    let key = Keys::from_data(&f.arg("key", TensorType::u32(&[2]))?)?;
+    let dirs = f.iota(TensorType::u32(&[1]), 0)?;
+    let noise = strategy.noise_all(&streams(&key, leaves)?, leaves, &dirs)?;
+    Ok(noise
+        .iter()
+        .map(|n| n.values().iter().map(|v| v.shape().to_vec()).collect())
+        .collect())
+}
+
+/// Rebuilds per-leaf noise from the flat values of [`Noise::values`]; `shapes` has one
+/// entry per value of each leaf, as [`noise_shapes`] gives them (shapes, or their ranks).
+fn noise_from_values<T>(values: &[Value], shapes: &[Vec<T>]) -> Vec<Noise> {
+    let mut it = values.iter().cloned();
+    shapes
+        .iter()
+        .filter_map(|r| match r.len() {
+            1 => it.next().map(Noise::Dense),
+            _ => match (it.next(), it.next()) {
+                (Some(a), Some(b)) => Some(Noise::Factors { a, b }),
+                _ => None,
+            },
+        })
+        .collect()
+}
+
+/// The emission of one program's generation: the settings, the program's layout and the
+/// member chunk the entry point resolved for its model ([`ShardedES::member_chunk_for`]),
+/// which `apply` evaluates and `tell` sizes its own chunk after.
+pub(super) struct Emitter<'a> {
+    es: &'a ShardedES,
+    layout: &'a Layout,
+    chunk: usize,
+}
+
+impl<'a> Emitter<'a> {
+    /// The emitter of a `layout` program of `es`, evaluating `chunk` members per step.
+    pub(super) fn new(es: &'a ShardedES, layout: &'a Layout, chunk: usize) -> Self {
+        Emitter { es, layout, chunk }
+    }
+
+    /// `steps` generations on the declared `args`: `(params'…, generation + steps,
+    /// fitness of the last)`. Each step is exactly one generation's ask/apply/tell, so the
+    /// parameters match `steps` single steps.
+    pub(super) fn generations(
+        &self,
+        model: &dyn Model,
+        args: &ProgramArgs<Value>,
+        steps: i32,
+    ) -> Result<ProgramResults<Value>, EsError> {
+        let ProgramArgs {
+            params,
+            key,
+            generation,
+            batch,
+            ..
+        } = args;
+        let out = if steps == 1 {
+            self.one_generation(model, key, params, generation, batch)?
+        } else {
+            self.generation_loop(model, key, params, generation, batch, steps)?
+        };
+        self.layout.split_results(out)
+    }
+
+    /// `ask + apply` on the declared `args`: the fitness, split over "pop".
+    pub(super) fn ask_apply(
+        &self,
+        model: &dyn Model,
+        args: &ProgramArgs<Value>,
+    ) -> Result<ProgramResults<Value>, EsError> {
+        let (base_key, _) = self.ask(&args.key, &args.generation)?;
+        let (fitness, _) = self.apply(model, &base_key, &args.params, &args.batch, false)?;
+        Ok(ProgramResults {
+            params: Vec::new(),
+            generation: None,
+            fitness: Some(fitness),
+        })
+    }
+
+    /// `tell` with the host fitness of the declared `args`: `(params'…, generation + 1)`,
+    /// the noise regenerated.
+    pub(super) fn tell_host(
+        &self,
+        args: &ProgramArgs<Value>,
+    ) -> Result<ProgramResults<Value>, EsError> {
+        let fitness = args.fitness.as_ref().ok_or_else(|| {
+            invalid(
+                "the tell program was declared without a fitness argument".into(),
+                "declare it with a ProgramKind::Tell layout".into(),
+            )
+        })?;
+        let (base_key, next) = self.ask(&args.key, &args.generation)?;
+        let weights = self.shape_fitness(fitness)?;
+        let params = self.tell(&base_key, &args.params, &weights, None)?;
+        Ok(ProgramResults {
+            params,
+            generation: Some(next),
+            fitness: None,
+        })
+    }
+
+    /// Perturbed parameters of one member chunk for the model.
+    fn perturbed(
+        &self,
+        params: &[Value],
+        leaves: &[LeafInfo],
+        noise: &[Noise],
+        signs: &Value,
+    ) -> Result<ModelParams, EsError> {
+        let f = signs.func();
+        let p = self.es.strategy.pairing() as i64;
+        let sig = signs.mul(&f.scalar(self.es.sigma)?)?;
+        let mut out = Vec::with_capacity(leaves.len());
+        for ((leaf, theta), noise) in leaves.iter().zip(params).zip(noise) {
+            let noise = noise.repeat(p)?;
+            let entry = match noise {
+                Noise::Factors { a, b } => {
+                    let r = a.shape()[1];
+                    let inv = f.scalar(1.0f32 / (r as f32).sqrt())?;
+                    Leaf::Matrix(Weight::LowRank {
+                        base: theta.clone(),
+                        a,
+                        b,
+                        scale: sig.mul(&inv)?,
+                    })
+                }
+                Noise::Dense(e) => {
+                    let c = e.shape()[0];
+                    let mut shape = vec![c];
+                    shape.extend_from_slice(theta.shape());
+                    let tdims: Vec<usize> = (1..shape.len()).collect();
+                    let w = theta
+                        .broadcast_in_dim(&shape, &tdims)?
+                        .add(&scale_rows(&e, &sig)?)?;
+                    if leaf.shape.len() == 2 {
+                        Leaf::Matrix(Weight::Members(w))
+                    } else {
+                        Leaf::Dense(Act::per_member(w)?)
+                    }
+                }
+            };
+            out.push((leaf.path.clone(), entry));
+        }
+        Ok(ModelParams::new(out))
+    }
+
+    /// The loss of a chunk as `f32[c]` or `f32[c, g]`, refusing narrow fitness.
+    fn chunk_fitness(&self, loss: Act, c: i64, tasks: usize) -> Result<Value, EsError> {
+        match loss.dtype() {
+            DType::F32 => {}
+            DType::F64 => {}
+            d @ (DType::BF16 | DType::F16) => {
+                return Err(EsError::NarrowFitness {
+                    dtype: d.mlir().to_string(),
+                })
+            }
+            d => {
+                return Err(invalid(
+                    format!("the model's loss has element type {}", d.mlir()),
+                    "return a float32 loss".into(),
+                ))
+            }
+        }
+        let logical = loss.logical_shape().to_vec();
+        let want: Vec<i64> = if tasks > 1 {
+            vec![tasks as i64]
+        } else {
+            vec![]
+        };
+        if logical != want {
+            return Err(invalid(
+                format!(
+                    "the model's loss has logical shape {logical:?} but Model::tasks() = {tasks} \
+                     expects {want:?}"
+                ),
+                "return one scalar per member, or [g] task losses with Model::tasks() = g \
+                 (for group_relative)"
+                    .into(),
+            ));
+        }
+        let mut shape = vec![c];
+        shape.extend_from_slice(&logical);
+        let v = match loss.members() {
+            Some(_) => loss.value().clone(),
+            None => {
+                let d: Vec<usize> = (1..shape.len()).collect();
+                loss.value().broadcast_in_dim(&shape, &d)?
+            }
+        };
+        Ok(if v.dtype() == DType::F64 {
+            v.convert(DType::F32)?
+        } else {
+            v
+        })
+    }
+
+    /// Noise for a block of directions: regenerated, or sliced from a materialized set;
+    /// each element computed once ([`materialize`]). `apply` and `tell` both take their
+    /// noise from here, so they see it through the same ops (and XLA compiles it alike).
+    fn chunk_noise(
+        &self,
+        streams: &Keys,
+        leaves: &[LeafInfo],
+        dirs: &Value,
+        all: Option<(&[Noise], &Value)>,
+    ) -> Result<Vec<Noise>, EsError> {
+        let d = dirs.shape()[0];
+        match all {
+            // Sliced from noise that came through here (and `materialize`) already.
+            Some((noise, start)) => noise
+                .iter()
+                .map(|n| Ok(n.dynamic_rows(start, d)?))
+                .collect(),
+            None => materialize(self.es.strategy.noise_all(streams, leaves, dirs)?),
+        }
+    }
+
+    /// `apply`: every local member's loss. Runs inside the manual computation, on local
+    /// values; `ids` are this device's global member ids.
+    fn apply_local(
+        &self,
+        model: &dyn Model,
+        ids: &Value,
+        base_key: &Value,
+        params: &[Value],
+        batch: &[Value],
+        keep: bool,
+    ) -> Result<(Value, Option<Vec<Noise>>), EsError> {
+        let (leaves, tasks) = (&self.layout.leaves[..], self.layout.tasks);
+        let f = ids.func();
+        let local = ids.shape()[0];
+        let c = self.chunk as i64;
+        let p = self.es.strategy.pairing() as i64;
+        let base = Keys::from_data(base_key)?;
+        let streams = streams(&base, leaves)?;
+        let all = if self.es.strategy.materialized() {
+            let (dirs, _) = directions(ids, p)?;
+            Some(self.chunk_noise(&streams, leaves, &dirs, None)?)
+        } else {
+            None
+        };
+        let mut fshape = vec![local];
+        if tasks > 1 {
+            fshape.push(tasks as i64);
+        }
+        // With `keep`, the loop also writes each chunk's noise into buffers of every local
+        // direction (unless the strategy materialized it already): `apply` evaluates
+        // through exactly the ops it uses without them, so the fitness is the same bits.
+        let shapes = if keep && all.is_none() {
+            noise_shapes(self.es.strategy.as_ref(), leaves)?
+        } else {
+            Vec::new()
+        };
+        let mut inits = vec![f.full(0.0f32, &fshape)?];
+        for shape in shapes.iter().flatten() {
+            let mut s = shape.clone();
+            s[0] = local / p;
+            inits.push(f.full(0.0f32, &s)?);
+        }
+        let init_refs: Vec<&Value> = inits.iter().collect();
+        let steps = (local / c) as i32;
+        let stash = Stash::new();
+        let out = f.fori_loop(0, steps, &init_refs, |i, carried| {
+            stash.run("apply", || -> Result<Vec<Value>, EsError> {
+                let start = i.mul(&f.scalar(c as i32)?)?;
+                let ids_c = ids.dynamic_slice(&[&start], &[c])?;
+                let (dirs, signs) = directions(&ids_c, p)?;
+                let dstart = i.mul(&f.scalar((c / p) as i32)?)?;
+                let noise = self.chunk_noise(
+                    &streams,
+                    leaves,
+                    &dirs,
+                    all.as_deref().map(|n| (n, &dstart)),
+                )?;
+                let mp = self.perturbed(params, leaves, &noise, &signs)?;
+                let loss = model.loss(&mp, batch)?;
+                let fit = self.chunk_fitness(loss, c, tasks)?;
+                let zero = f.scalar(0i32)?;
+                let starts: Vec<&Value> = if tasks > 1 {
+                    vec![&start, &zero]
+                } else {
+                    vec![&start]
+                };
+                let mut next = vec![carried[0].dynamic_update_slice(&fit, &starts)?];
+                if !shapes.is_empty() {
+                    for (buf, v) in carried[1..]
+                        .iter()
+                        .zip(noise.iter().flat_map(Noise::values))
+                    {
+                        let mut at = vec![dstart.clone()];
+                        at.resize(v.rank(), zero.clone());
+                        let at: Vec<&Value> = at.iter().collect();
+                        next.push(buf.dynamic_update_slice(&v, &at)?);
+                    }
+                }
+                Ok(next)
+            })
+        });
+        let mut out = stash.finish(out)?;
+        let kept = match (keep, all) {
+            (false, _) => None,
+            (true, Some(all)) => Some(all),
+            (true, None) => Some(noise_from_values(&out[1..], &shapes)),
+        };
+        Ok((out.swap_remove(0), kept))
+    }
+
+    /// `tell`'s contraction `u_j = Σ_i w_i s_i ε_j(i)` over the given members (local ids
+    /// for `B`, all ids for `A`). Runs inside the manual computation.
+    fn contract_local(
+        &self,
+        ids: &Value,
+        weights: &Value,
+        base_key: &Value,
+        leaves: &[LeafInfo],
+        kept: Option<Vec<Noise>>,
+    ) -> Result<Vec<Value>, EsError> {
+        let f = ids.func();
+        let count = ids.shape()[0];
+        let p = self.es.strategy.pairing() as i64;
+        let (dirs_all, signs) = directions(ids, p)?;
+        let mut coef = weights.mul(&signs)?;
+        if p > 1 {
+            coef = coef.reshape(&[count / p, p])?.reduce_sum(&[1])?;
+        }
+        // Σ_d k_d ε_d for a block of directions, per leaf.
+        let contract = |noise: &[Noise], k: &Value| -> Result<Vec<Value>, EsError> {
+            noise
+                .iter()
+                .map(|noise| {
+                    Ok(match noise {
+                        Noise::Dense(e) => {
+                            let ed: Vec<usize> = vec![0];
+                            k.dot_general(e, &dims(&[], &[], &[0], &ed))?
+                        }
+                        Noise::Factors { a, b } => {
+                            let r = a.shape()[1];
+                            let ks = k.mul(&f.scalar(1.0f32 / (r as f32).sqrt())?)?;
+                            scale_rows(a, &ks)?.dot_general(b, &dims(&[], &[], &[0, 1], &[0, 1]))?
+                        }
+                    })
+                })
+                .collect()
+        };
+        let cd = self
+            .es
+            .tell_chunk_after(leaves, (count / p) as usize, Some(self.chunk))
+            as i64;
+        let base = Keys::from_data(base_key)?;
+        let streams = streams(&base, leaves)?;
+        let all = if kept.is_some() {
+            kept
+        } else if self.es.strategy.materialized() {
+            Some(self.chunk_noise(&streams, leaves, &dirs_all, None)?)
+        } else {
+            None
+        };
+        let inits: Vec<Value> = leaves
+            .iter()
+            .map(|l| f.full(0.0f32, &l.shape))
+            .collect::<Result<_, _>>()?;
+        let init_refs: Vec<&Value> = inits.iter().collect();
+        let steps = (count / p / cd) as i32;
+        let stash = Stash::new();
+        let out = f.fori_loop(0, steps, &init_refs, |i, acc| {
+            stash.run("tell", || -> Result<Vec<Value>, EsError> {
+                let start = i.mul(&f.scalar(cd as i32)?)?;
+                let dirs = dirs_all.dynamic_slice(&[&start], &[cd])?;
+                let k = coef.dynamic_slice(&[&start], &[cd])?;
+                let noise =
+                    self.chunk_noise(&streams, leaves, &dirs, all.as_deref().map(|n| (n, &start)))?;
+                contract(&noise, &k)?
+                    .iter()
+                    .zip(acc)
+                    .map(|(term, u)| Ok(u.add(term)?))
+                    .collect()
+            })
+        });
+        stash.finish(out)
+    }
+
+    /// `ask`: the generation's base key `fold_in(key, generation)` (as u32[2]) and the
+    /// incremented generation.
+    fn ask(&self, key: &Value, generation: &Value) -> Result<(Value, Value), EsError> {
+        let base = Keys::from_data(key)?.fold_in(generation)?.data()?;
+        let next = generation.add(&generation.func().scalar(1u32)?)?;
+        Ok((base, next))
+    }
+
+    /// `apply` over the whole population: fitness `f32[n]` (or `[n, g]`), split over "pop",
+    /// and with `keep`, the noise of every direction (`[n / pairing, ..]` per value, split
+    /// over "pop" alike) for `tell`.
+    fn apply(
+        &self,
+        model: &dyn Model,
+        base_key: &Value,
+        params: &[Value],
+        batch: &[Value],
+        keep: bool,
+    ) -> Result<(Value, Option<Vec<Noise>>), EsError> {
+        let f = base_key.func();
+        let n = self.es.n as i64;
+        let ids = f
+            .iota(TensorType::u32(&[n]), 0)?
+            .shard(&Sharding::split(1, 0)?)?;
+        let mut inputs: Vec<&Value> = vec![&ids, base_key];
+        inputs.extend(params.iter());
+        inputs.extend(batch.iter());
+        let mut in_sh = vec![Sharding::split(1, 0)?, Sharding::replicated(1)];
+        in_sh.extend(inputs[2..].iter().map(|v| Sharding::replicated(v.rank())));
+        let tasks = self.layout.tasks;
+        let out_rank = if tasks > 1 { 2 } else { 1 };
+        let nl = params.len();
+        let ranks: Vec<Vec<usize>> = if keep {
+            noise_shapes(self.es.strategy.as_ref(), &self.layout.leaves)?
+                .iter()
+                .map(|l| l.iter().map(Vec::len).collect())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let mut out_sh = vec![Sharding::split(out_rank, 0)?];
+        for r in ranks.iter().flatten() {
+            out_sh.push(Sharding::split(*r, 0)?);
+        }
+        let stash = Stash::new();
+        let out = f.manual_computation(&inputs, &in_sh, &out_sh, |loc| {
+            stash.run("apply", || {
+                let (ids, key) = (&loc[0], &loc[1]);
+                let (params, batch) = (&loc[2..2 + nl], &loc[2 + nl..]);
+                let (fitness, kept) = self.apply_local(model, ids, key, params, batch, keep)?;
+                let mut out = vec![fitness];
+                out.extend(kept.iter().flatten().flat_map(Noise::values));
+                Ok(out)
+            })
+        });
+        let mut out = stash.finish(out)?;
+        let kept = keep.then(|| noise_from_values(&out[1..], &ranks));
+        Ok((out.swap_remove(0), kept))
+    }
+
+    /// `tell`: shaped weights → new parameters `θ − lr/(nσ) · u`, from the noise `apply`
+    /// kept (`how = B` only) or regenerated.
+    fn tell(
+        &self,
+        base_key: &Value,
+        params: &[Value],
+        weights: &Value,
+        kept: Option<Vec<Noise>>,
+    ) -> Result<Vec<Value>, EsError> {
+        let f = base_key.func();
+        let n = self.es.n as i64;
+        let (member_sh, weights) = match self.es.how {
+            How::B => (
+                Sharding::split(1, 0)?,
+                weights.shard(&Sharding::split(1, 0)?)?,
+            ),
+            How::A => (Sharding::replicated(1), weights.clone()),
+        };
+        let ids = f.iota(TensorType::u32(&[n]), 0)?.shard(&member_sh)?;
+        let kept_values: Vec<Value> = kept.iter().flatten().flat_map(Noise::values).collect();
+        if !kept_values.is_empty() && self.es.how != How::B {
+            return Err(invalid(
+                "tell was handed apply's noise under how = A".into(),
+                "keep noise only for how = B (ShardedES::keeps_noise)".into(),
+            ));
+        }
+        let ranks: Vec<Vec<usize>> = kept
+            .iter()
+            .flatten()
+            .map(|n| n.values().iter().map(|v| v.rank()).collect())
+            .collect();
+        let mut inputs: Vec<&Value> = vec![&ids, &weights, base_key];
+        inputs.extend(kept_values.iter());
+        let mut in_sh = vec![member_sh.clone(), member_sh, Sharding::replicated(1)];
+        for v in &kept_values {
+            in_sh.push(Sharding::split(v.rank(), 0)?);
+        }
+        let out_sh: Vec<Sharding> = self
+            .layout
+            .leaves
+            .iter()
+            .map(|l| Sharding::replicated(l.shape.len()))
+            .collect();
+        let how = self.es.how;
+        let stash = Stash::new();
+        let u = f.manual_computation(&inputs, &in_sh, &out_sh, |loc| {
+            stash.run("tell", || -> Result<Vec<Value>, EsError> {
+                let kept = (!ranks.is_empty()).then(|| noise_from_values(&loc[3..], &ranks));
+                let u =
+                    self.contract_local(&loc[0], &loc[1], &loc[2], &self.layout.leaves, kept)?;
+                match how {
+                    How::B => u.iter().map(|v| Ok(v.all_reduce_sum()?)).collect(),
+                    How::A => Ok(u),
+                }
+            })
+        });
+        let u = stash.finish(u)?;
+        let scale = f.scalar(self.es.update_scale())?;
+        params
+            .iter()
+            .zip(u)
+            .map(|(theta, u)| Ok(theta.sub(&u.mul(&scale)?)?))
+            .collect()
+    }
+
+    /// Fitness → weights on every device.
+    fn shape_fitness(&self, fitness: &Value) -> Result<Value, EsError> {
+        let rep = fitness.shard(&Sharding::replicated(fitness.rank()))?;
+        Ok(self.es.shaping.weights(&rep)?)
+    }
+
+    /// One generation, ask + apply + tell: `(params'…, generation + 1, fitness)`.
+    fn one_generation(
+        &self,
+        model: &dyn Model,
+        key: &Value,
+        params: &[Value],
+        generation: &Value,
+        batch: &[Value],
+    ) -> Result<Vec<Value>, EsError> {
+        let (base_key, next) = self.ask(key, generation)?;
+        let keep = self.es.keeps_noise(&self.layout.leaves);
+        let (fitness, kept) = self.apply(model, &base_key, params, batch, keep)?;
+        let weights = self.shape_fitness(&fitness)?;
+        let mut out = self.tell(&base_key, params, &weights, kept)?;
+        out.push(next);
+        out.push(fitness);
+        Ok(out)
+    }
+
+    /// `steps` generations as a `while` loop carrying the parameters, the generation and
+    /// the last fitness.
+    fn generation_loop(
+        &self,
+        model: &dyn Model,
+        key: &Value,
+        params: &[Value],
+        generation: &Value,
+        batch: &[Value],
+        steps: i32,
+    ) -> Result<Vec<Value>, EsError> {
+        let f = key.func();
+        let fshape = self.layout.fitness_type().shape;
+        let fit0 = f
+            .full(0.0f32, &fshape)?
+            .shard(&Sharding::split(fshape.len(), 0)?)?;
+        let nl = params.len();
+        let mut init: Vec<&Value> = params.iter().collect();
+        init.push(generation);
+        init.push(&fit0);
+        let stash = Stash::new();
+        let out = f.fori_loop(0, steps, &init, |_, c| {
+            stash.run("generations", || {
+                self.one_generation(model, key, &c[..nl], &c[nl], batch)
+            })
+        });
+        stash.finish(out)
+    }
+}

@@ -1,0 +1,773 @@
+//! [`ShardedES`], the settings of one run, and [`EsSpec`], the same settings as a config's
+//! `[es]` section: validation (once, for both), the member-chunk policy, and the factors the
+//! program derives from the settings.
+
+use serde::{Deserialize, Serialize};
+
+use super::error::{invalid, EsError};
+use super::model::Model;
+use super::shaping::{Shaping, ShapingSpec};
+use super::spec::{How, StrategySpec};
+use super::strategy::{from_spec, LeafInfo, Strategy};
+
+/// Sharded evolution strategies: the settings of one run, validated at construction.
+pub struct ShardedES {
+    pub(super) strategy: Box<dyn Strategy>,
+    pub(super) n: usize,
+    pub(super) sigma: f32,
+    pub(super) lr: f32,
+    pub(super) devices: usize,
+    pub(super) shaping: Box<dyn Shaping>,
+    pub(super) how: How,
+    pub(super) member_chunk: Option<usize>,
+    pub(super) member_bytes: Option<usize>,
+    pub(super) keep_noise_bytes: usize,
+}
+
+impl std::fmt::Debug for ShardedES {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShardedES")
+            .field("strategy", &self.strategy.name())
+            .field("n", &self.n)
+            .field("sigma", &self.sigma)
+            .field("lr", &self.lr)
+            .field("devices", &self.devices)
+            .field("shaping", &self.shaping.name())
+            .field("how", &self.how)
+            .field("member_chunk", &self.member_chunk)
+            .field("member_bytes", &self.member_bytes)
+            .field("keep_noise_bytes", &self.keep_noise_bytes)
+            .finish()
+    }
+}
+
+/// The largest default members per evaluation chunk: small enough that one chunk's activations
+/// stay in cache-sized memory, and independent of the device count.
+pub const DEFAULT_MEMBER_CHUNK: usize = 32;
+
+/// The activation bytes a default member chunk aims to stay within when the model's
+/// per-member size is known ([`Model::member_bytes`], [`ShardedES::with_member_bytes`]): half
+/// a megabyte, the L2 cache of one core here. `shardes bench benches/quickstart.toml
+/// --member-chunk C` measured 78, 72, 66 and 68 ms per generation for C = 32, 16, 8 and 4 at
+/// 64 KiB per member.
+pub const CHUNK_BYTES: usize = 512 * 1024;
+
+/// The noise bytes `tell` regenerates per loop step ([`ShardedES::tell_chunk`]): small
+/// enough that the draw's arrays stay in cache. `shardes bench benches/eggroll_n16384.toml
+/// --n 4096` measured `tell` (generation minus ask + apply) at 30 ms with 64 KiB, 54 ms
+/// with 256 KiB; 4 MiB took 364 ms at n = 16384.
+pub const TELL_CHUNK_BYTES: usize = 64 * 1024;
+
+/// The noise bytes per device that `how = B` keeps from `apply` for `tell`
+/// ([`ShardedES::keeps_noise`]): under it, `apply`'s member loop also writes each chunk's
+/// noise into buffers of all local directions and `tell` contracts those, drawing nothing;
+/// over it (large populations), `tell` regenerates the noise chunk by chunk, so memory stays
+/// bounded in `n`. 16 MiB holds eggroll_n16384 up to n = 65 536 (3 KiB per direction).
+pub const KEEP_NOISE_BYTES: usize = 16 << 20;
+
+impl ShardedES {
+    /// Validates and builds: `n` must divide by `devices × pairing`, `sigma` finite and
+    /// positive, `lr` finite. Shaping defaults to centered ranks, placement to `B`.
+    pub fn new(
+        strategy: Box<dyn Strategy>,
+        n: usize,
+        sigma: f32,
+        lr: f32,
+        devices: usize,
+    ) -> Result<ShardedES, EsError> {
+        check_numbers(
+            Names::Library,
+            &Numbers {
+                strategy: &strategy.name(),
+                pairing: strategy.pairing(),
+                n,
+                sigma,
+                lr,
+                devices,
+                member_chunk: None,
+            },
+        )?;
+        Ok(ShardedES {
+            strategy,
+            n,
+            sigma,
+            lr,
+            devices,
+            shaping: ShapingSpec::default().build(),
+            how: How::default(),
+            member_chunk: None,
+            member_bytes: None,
+            keep_noise_bytes: KEEP_NOISE_BYTES,
+        })
+    }
+
+    /// Replaces the shaping.
+    pub fn with_shaping(mut self, shaping: Box<dyn Shaping>) -> Self {
+        self.shaping = shaping;
+        self
+    }
+
+    /// Sets the placement of the contraction.
+    pub fn with_how(mut self, how: How) -> Self {
+        self.how = how;
+        self
+    }
+
+    /// Sets members per evaluation chunk (checked when the program is built).
+    pub fn with_member_chunk(mut self, chunk: Option<usize>) -> Self {
+        self.member_chunk = chunk;
+        self
+    }
+
+    /// Sets the bytes of one member's largest activation, which caps the default member
+    /// chunk at [`CHUNK_BYTES`] of activation. Every program of this ES then uses the same
+    /// chunk, whichever model it is built with. Unset (or `None`, or 0), each program takes
+    /// its model's [`Model::member_bytes`], and [`ShardedES::member_chunk`] (no model) knows
+    /// no size.
+    pub fn with_member_bytes(mut self, bytes: Option<usize>) -> Self {
+        self.member_bytes = bytes.filter(|&b| b > 0);
+        self
+    }
+
+    /// Sets the noise bytes per device that `how = B` keeps from `apply` for `tell`
+    /// (default [`KEEP_NOISE_BYTES`]; 0 always regenerates). More memory, a faster `tell`.
+    pub fn with_keep_noise_bytes(mut self, bytes: usize) -> Self {
+        self.keep_noise_bytes = bytes;
+        self
+    }
+
+    /// Population size.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Devices on the `"pop"` axis.
+    pub fn devices(&self) -> usize {
+        self.devices
+    }
+
+    /// Noise scale.
+    pub fn sigma(&self) -> f32 {
+        self.sigma
+    }
+
+    /// Learning rate.
+    pub fn lr(&self) -> f32 {
+        self.lr
+    }
+
+    /// Placement of the contraction.
+    pub fn how(&self) -> How {
+        self.how
+    }
+
+    /// The strategy.
+    pub fn strategy(&self) -> &dyn Strategy {
+        self.strategy.as_ref()
+    }
+
+    /// The shaping.
+    pub fn shaping(&self) -> &dyn Shaping {
+        self.shaping.as_ref()
+    }
+
+    /// Members each device evaluates per loop step: the configured chunk (or the
+    /// strategy's, or [`ShardedES::default_member_chunk`]), checked to divide the local
+    /// population and the pairing. The member size is the one set with
+    /// [`ShardedES::with_member_bytes`]; [`ShardedES::member_chunk_for`] is what the
+    /// programs for a model use.
+    pub fn member_chunk(&self) -> Result<usize, EsError> {
+        self.chunk_with(self.member_bytes)
+    }
+
+    /// The member chunk of the programs built for `model`: as [`ShardedES::member_chunk`],
+    /// with the model's [`Model::member_bytes`] where [`ShardedES::with_member_bytes`] set
+    /// none.
+    pub fn member_chunk_for(&self, model: &dyn Model) -> Result<usize, EsError> {
+        self.chunk_with(
+            self.member_bytes
+                .or(model.member_bytes().filter(|&b| b > 0)),
+        )
+    }
+
+    fn chunk_with(&self, member_bytes: Option<usize>) -> Result<usize, EsError> {
+        let local = self.n / self.devices;
+        let p = self.strategy.pairing();
+        let c = self
+            .member_chunk
+            .or(self.strategy.chunk())
+            .unwrap_or_else(|| self.default_chunk_with(member_bytes));
+        if c == 0 || !c.is_multiple_of(p) || !local.is_multiple_of(c) {
+            return Err(invalid(
+                format!(
+                    "member chunk {c} does not divide the {local} members per device in \
+                     multiples of the pairing {p}"
+                ),
+                format!("set the member chunk to a divisor of {local} that is a multiple of {p}"),
+            ));
+        }
+        Ok(c)
+    }
+
+    /// The chunk used when neither the settings nor the strategy choose one: the largest
+    /// multiple of the pairing, at most [`DEFAULT_MEMBER_CHUNK`] (and, when the member size
+    /// is known, at most [`CHUNK_BYTES`] of activation but no fewer than two directions),
+    /// that divides both the
+    /// local population and `n / 8` (when 8 divides `n`). Dividing `n / 8` makes it the
+    /// same on 1, 2, 4 and 8 devices, so each member's loss is computed by the same kernel
+    /// shapes and is bit-identical across those device counts (rank shaping turns a 1-ulp
+    /// difference between near ties into a different update). The member size is the one
+    /// set with [`ShardedES::with_member_bytes`].
+    pub fn default_member_chunk(&self) -> usize {
+        self.default_chunk_with(self.member_bytes)
+    }
+
+    fn default_chunk_with(&self, member_bytes: Option<usize>) -> usize {
+        let local = self.n / self.devices;
+        let p = self.strategy.pairing().max(1);
+        let base = if self.n.is_multiple_of(8) && (self.n / 8).is_multiple_of(p) {
+            gcd(local, self.n / 8)
+        } else {
+            local
+        };
+        let cap = match member_bytes {
+            // At least two directions: each chunk pays a fixed cost (its PRNG draws, a
+            // loop step), and one direction per chunk measured slower for qiu_d256
+            // (482 against 406 ms per generation at 2 and 4 members).
+            Some(b) => DEFAULT_MEMBER_CHUNK.min((CHUNK_BYTES / b).max(2 * p)),
+            None => DEFAULT_MEMBER_CHUNK,
+        };
+        (1..=cap.min(base))
+            .rev()
+            .find(|c| base.is_multiple_of(*c) && c.is_multiple_of(p))
+            .unwrap_or(p)
+    }
+
+    /// Directions `tell` regenerates and contracts per loop step, out of `dirs`: the
+    /// largest divisor of `dirs` whose noise fits [`TELL_CHUNK_BYTES`], or at most the
+    /// evaluation chunk's directions if that is more (at least 1). `tell` holds no
+    /// activations, so the noise sets its size; not going below `apply`'s chunk lets XLA
+    /// share the draws of the two when both run one step (qiu_d256: `tell` took 11 ms with
+    /// two directions per step, 129 ms with one). The evaluation chunk is
+    /// [`ShardedES::member_chunk`]'s; a program for a model uses
+    /// [`ShardedES::member_chunk_for`]'s.
+    pub fn tell_chunk(&self, leaves: &[LeafInfo], dirs: usize) -> usize {
+        self.tell_chunk_after(leaves, dirs, self.member_chunk().ok())
+    }
+
+    /// [`ShardedES::tell_chunk`] after an evaluation chunk of `apply_chunk` members.
+    pub(super) fn tell_chunk_after(
+        &self,
+        leaves: &[LeafInfo],
+        dirs: usize,
+        apply_chunk: Option<usize>,
+    ) -> usize {
+        let bytes: usize = 4 * leaves
+            .iter()
+            .map(|l| self.strategy.noise_elements(l))
+            .sum::<usize>();
+        let apply_dirs = apply_chunk.map_or(1, |c| c / self.strategy.pairing().max(1));
+        let cap = (TELL_CHUNK_BYTES / bytes.max(1)).max(apply_dirs).max(1);
+        (1..=cap.min(dirs))
+            .rev()
+            .find(|c| dirs.is_multiple_of(*c))
+            .unwrap_or(1)
+    }
+
+    /// Whether `how = B` keeps `apply`'s noise for `tell` instead of regenerating it: when
+    /// the noise of a device's directions fits [`ShardedES::with_keep_noise_bytes`]
+    /// ([`KEEP_NOISE_BYTES`] by default). `how = A` contracts every member on every device,
+    /// so it always regenerates.
+    pub fn keeps_noise(&self, leaves: &[LeafInfo]) -> bool {
+        let bytes: usize = 4 * leaves
+            .iter()
+            .map(|l| self.strategy.noise_elements(l))
+            .sum::<usize>();
+        let dirs = self.n / self.devices.max(1) / self.strategy.pairing().max(1);
+        self.how == How::B && dirs.saturating_mul(bytes) <= self.keep_noise_bytes
+    }
+
+    /// `lr / (n σ)`, the f32 factor of the update, computed once.
+    pub fn update_scale(&self) -> f32 {
+        self.lr / (self.n as f32 * self.sigma)
+    }
+
+    /// Refuses a model's fitness columns that the shaping does not take.
+    pub(super) fn check_tasks(&self, tasks: usize) -> Result<(), EsError> {
+        if tasks == 0 {
+            return Err(invalid(
+                "the model reports 0 tasks".into(),
+                "return 1 from Model::tasks for a scalar loss, g for g task losses".into(),
+            ));
+        }
+        match self.shaping.tasks() {
+            Some(want) if want != tasks => Err(invalid(
+                format!(
+                    "the model returns {tasks} task losses per member but shaping {} takes {want}",
+                    self.shaping.name()
+                ),
+                "use group_relative shaping for several task losses, or reduce the loss to \
+                 one scalar per member"
+                    .into(),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// Whose names the messages of [`check_numbers`] use.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Names {
+    /// [`ShardedES::new`]'s parameters: `n`, `sigma`, `lr`, `devices`.
+    Library,
+    /// The config's keys, as the CLI reports them: `es.n`, `es.sigma`, ..., and the top-level
+    /// `devices`.
+    Config,
+}
+
+/// The numbers of a run, as [`check_numbers`] checks them.
+struct Numbers<'a> {
+    /// The strategy as named in messages.
+    strategy: &'a str,
+    pairing: usize,
+    n: usize,
+    sigma: f32,
+    lr: f32,
+    devices: usize,
+    member_chunk: Option<usize>,
+}
+
+/// Two multiples of `per` near `n`, distinct: the one at or below `n` (at least `per`) and
+/// the next above it.
+fn nearby_multiples(n: usize, per: usize) -> (usize, usize) {
+    let lower = (n / per).max(1) * per;
+    let upper = ((n / per + 1) * per).max(lower + per);
+    (lower, upper)
+}
+
+/// The one validation of the numbers of a run, for [`ShardedES::new`] and [`EsSpec::build`]:
+/// the same checks, with each caller's names for the numbers (and its order where several
+/// are wrong).
+fn check_numbers(names: Names, s: &Numbers) -> Result<(), EsError> {
+    let config = names == Names::Config;
+    let key = |name: &str| {
+        if config {
+            format!("es.{name}")
+        } else {
+            name.to_string()
+        }
+    };
+    let p = s.pairing;
+    if p != 1 && p != 2 {
+        return Err(invalid(
+            format!("{} {} pairs {p} members", key("strategy"), s.strategy),
+            "use a pairing of 1 or 2 (mirror a strategy at most once)".into(),
+        ));
+    }
+    if s.devices == 0 {
+        let fix = if config {
+            "set devices to at least 1"
+        } else {
+            "use at least 1 device"
+        };
+        return Err(invalid("devices = 0".into(), fix.into()));
+    }
+    let n = key("n");
+    if config && s.n == 0 {
+        return Err(invalid(
+            format!("{n} = 0"),
+            format!("set {n} to at least 1"),
+        ));
+    }
+    let per = s.devices * p;
+    let mut indivisible = (s.n == 0 || !s.n.is_multiple_of(per)).then(|| {
+        let (lo, hi) = nearby_multiples(s.n, per);
+        let message = if config {
+            format!(
+                "{n} = {} is not divisible by devices ({}) × pairing ({p} for {})",
+                s.n, s.devices, s.strategy
+            )
+        } else {
+            format!(
+                "{n} = {} is not a positive multiple of devices ({}) × pairing ({p})",
+                s.n, s.devices
+            )
+        };
+        invalid(
+            message,
+            format!("set {n} to a multiple of {per}, e.g. {lo} or {hi}"),
+        )
+    });
+    // Where several numbers are wrong, each front end reports the one it always has: the
+    // library the population first, the config sigma and lr first.
+    if !config {
+        if let Some(e) = indivisible.take() {
+            return Err(e);
+        }
+    }
+    let (sigma, lr) = (key("sigma"), key("lr"));
+    // The library's and the config's texts differ in wording; library users' messages stay
+    // as they were, and the CLI's are its config errors.
+    let (finite_positive, such_as) = if config {
+        ("is not a finite number > 0", ", e.g.")
+    } else {
+        ("is not finite and > 0", " such as")
+    };
+    if !(s.sigma.is_finite() && s.sigma > 0.0) {
+        return Err(invalid(
+            format!("{sigma} = {} {finite_positive}", s.sigma),
+            format!("set {sigma} to a small positive number{such_as} 0.01"),
+        ));
+    }
+    if !s.lr.is_finite() {
+        return Err(invalid(
+            format!("{lr} = {} is not finite", s.lr),
+            format!("set {lr} to a finite number{such_as} 0.01"),
+        ));
+    }
+    if let Some(e) = indivisible {
+        return Err(e);
+    }
+    if s.member_chunk == Some(0) {
+        let chunk = key("member_chunk");
+        return Err(invalid(
+            format!("{chunk} = 0"),
+            format!("set {chunk} to at least 1"),
+        ));
+    }
+    Ok(())
+}
+
+/// The `[es]` section of a config: the settings of a [`ShardedES`] as text and numbers.
+/// Strategy, shaping and placement read and write as their names ([`StrategySpec`],
+/// [`ShapingSpec`], [`How`]), so a bad name fails deserialization with its parse error;
+/// unknown keys are refused. [`EsSpec::build`] checks the numbers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EsSpec {
+    /// The strategy (default `mirrored(lowrank(r=1))`).
+    #[serde(default = "default_strategy")]
+    pub strategy: StrategySpec,
+    /// Population size.
+    pub n: usize,
+    /// Noise scale.
+    pub sigma: f32,
+    /// Learning rate.
+    pub lr: f32,
+    /// Fitness shaping (default `centered_ranks`).
+    #[serde(default)]
+    pub shaping: ShapingSpec,
+    /// Where the update is contracted (default `B`).
+    #[serde(default)]
+    pub how: How,
+    /// Members evaluated together per loop step on each device (default: chosen from the
+    /// model's member size, [`ShardedES::member_chunk_for`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member_chunk: Option<usize>,
+    /// MiB of noise per device that `how = B` keeps from `apply` for `tell` (default 16,
+    /// [`KEEP_NOISE_BYTES`]; 0 always regenerates it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_noise_mib: Option<usize>,
+}
+
+fn default_strategy() -> StrategySpec {
+    StrategySpec::Mirrored(Box::new(StrategySpec::LowRank { r: 1 }))
+}
+
+impl EsSpec {
+    /// `n`, `sigma` and `lr` with every other key at its default.
+    pub fn new(n: usize, sigma: f32, lr: f32) -> EsSpec {
+        EsSpec {
+            strategy: default_strategy(),
+            n,
+            sigma,
+            lr,
+            shaping: ShapingSpec::default(),
+            how: How::default(),
+            member_chunk: None,
+            keep_noise_mib: None,
+        }
+    }
+
+    /// The noise budget in bytes ([`ShardedES::with_keep_noise_bytes`]).
+    pub fn keep_noise_bytes(&self) -> usize {
+        self.keep_noise_mib
+            .map_or(KEEP_NOISE_BYTES, |m| m.saturating_mul(1 << 20))
+    }
+
+    /// The ES of these settings on `devices` devices. The errors name the config key
+    /// (`es.n`, `es.sigma`, `es.lr`, `es.member_chunk`, `devices`) in
+    /// [`EsError::message`], with the fix in [`EsError::fix`].
+    pub fn build(&self, devices: usize) -> Result<ShardedES, EsError> {
+        let strategy = from_spec(&self.strategy);
+        check_numbers(
+            Names::Config,
+            &Numbers {
+                strategy: &self.strategy.to_string(),
+                pairing: strategy.pairing(),
+                n: self.n,
+                sigma: self.sigma,
+                lr: self.lr,
+                devices,
+                member_chunk: self.member_chunk,
+            },
+        )?;
+        Ok(ShardedES {
+            strategy,
+            n: self.n,
+            sigma: self.sigma,
+            lr: self.lr,
+            devices,
+            shaping: self.shaping.build(),
+            how: self.how,
+            member_chunk: self.member_chunk,
+            member_bytes: None,
+            keep_noise_bytes: self.keep_noise_bytes(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec_json(body: &str) -> Result<EsSpec, String> {
+        serde_json::from_str(body).map_err(|e| e.to_string())
+    }
+
+    /// `(message, fix)` of a build error.
+    fn build_err(spec: &EsSpec, devices: usize) -> (String, String) {
+        let e = spec.build(devices).expect_err("invalid settings");
+        (e.message(), e.fix().expect("a fix"))
+    }
+
+    #[test]
+    fn es_spec_reads_the_es_section_with_its_defaults() {
+        let s = spec_json(r#"{"n": 256, "sigma": 0.01, "lr": 0.02}"#).unwrap();
+        assert_eq!(s, EsSpec::new(256, 0.01, 0.02));
+        assert_eq!(s.strategy.to_string(), "mirrored(lowrank(r=1))");
+        assert_eq!(s.shaping, ShapingSpec::CenteredRanks);
+        assert_eq!(s.how, How::B);
+        assert_eq!((s.member_chunk, s.keep_noise_mib), (None, None));
+        assert_eq!(s.keep_noise_bytes(), KEEP_NOISE_BYTES);
+        let s = spec_json(
+            r#"{"strategy": "seed_regenerated(chunk=4)", "n": 64, "sigma": 0.1, "lr": 1.0,
+                "shaping": "group_relative", "how": "a", "member_chunk": 8,
+                "keep_noise_mib": 4}"#,
+        )
+        .unwrap();
+        assert_eq!(s.strategy, StrategySpec::SeedRegenerated { chunk: Some(4) });
+        assert_eq!(s.shaping, ShapingSpec::GroupRelative);
+        assert_eq!(s.how, How::A);
+        assert_eq!(s.member_chunk, Some(8));
+        assert_eq!(s.keep_noise_bytes(), 4 << 20);
+        // Written back as a config writes it, and read again to the same settings.
+        let text = serde_json::to_string(&s).unwrap();
+        assert_eq!(
+            text,
+            r#"{"strategy":"seed_regenerated(chunk=4)","n":64,"sigma":0.1,"lr":1.0,"shaping":"group_relative","how":"A","member_chunk":8,"keep_noise_mib":4}"#
+        );
+        assert_eq!(spec_json(&text).unwrap(), s);
+    }
+
+    #[test]
+    fn es_spec_refuses_unknown_keys_and_names() {
+        let e = spec_json(r#"{"n": 8, "sigma": 0.1, "lr": 0.1, "sigmaa": 1}"#).unwrap_err();
+        assert!(e.contains("unknown field `sigmaa`"), "{e}");
+        let e = spec_json(r#"{"n": 8, "sigma": 0.1, "lr": 0.1, "how": "C"}"#).unwrap_err();
+        assert!(e.contains("unknown placement \"C\"; use \"B\""), "{e}");
+        let e = spec_json(r#"{"n": 8, "sigma": 0.1, "lr": 0.1, "shaping": "rank"}"#).unwrap_err();
+        assert!(
+            e.contains("unknown shaping \"rank\" (valid: centered_ranks, centered"),
+            "{e}"
+        );
+        let e =
+            spec_json(r#"{"n": 8, "sigma": 0.1, "lr": 0.1, "strategy": "lowrnk"}"#).unwrap_err();
+        assert!(e.contains("invalid strategy \"lowrnk\""), "{e}");
+        let e = spec_json(r#"{"sigma": 0.1, "lr": 0.1}"#).unwrap_err();
+        assert!(e.contains("missing field `n`"), "{e}");
+    }
+
+    #[test]
+    fn es_spec_builds_the_es_it_describes() {
+        let mut s = EsSpec::new(64, 0.1, 0.5);
+        s.shaping = ShapingSpec::Centered;
+        s.how = How::A;
+        s.member_chunk = Some(4);
+        s.keep_noise_mib = Some(0);
+        let es = s.build(8).unwrap();
+        assert_eq!(
+            (es.n(), es.devices(), es.sigma(), es.lr()),
+            (64, 8, 0.1, 0.5)
+        );
+        assert_eq!(es.strategy().name(), "mirrored(lowrank(r=1))");
+        assert_eq!(es.shaping().name(), "centered");
+        assert_eq!(es.how(), How::A);
+        assert_eq!(es.member_chunk().unwrap(), 4);
+        assert_eq!(es.keep_noise_bytes, 0);
+    }
+
+    #[test]
+    fn es_spec_errors_name_the_config_key() {
+        let spec = |n: usize, sigma: f32, lr: f32| EsSpec::new(n, sigma, lr);
+        assert_eq!(
+            build_err(&spec(30, 0.01, 0.01), 2),
+            (
+                "es.n = 30 is not divisible by devices (2) × pairing (2 for \
+                 mirrored(lowrank(r=1)))"
+                    .into(),
+                "set es.n to a multiple of 4, e.g. 28 or 32".into()
+            )
+        );
+        assert_eq!(
+            build_err(&spec(0, 0.01, 0.01), 2),
+            ("es.n = 0".into(), "set es.n to at least 1".into())
+        );
+        assert_eq!(
+            build_err(&spec(8, -1.0, 0.01), 2),
+            (
+                "es.sigma = -1 is not a finite number > 0".into(),
+                "set es.sigma to a small positive number, e.g. 0.01".into()
+            )
+        );
+        assert_eq!(
+            build_err(&spec(8, 0.01, f32::INFINITY), 2),
+            (
+                "es.lr = inf is not finite".into(),
+                "set es.lr to a finite number, e.g. 0.01".into()
+            )
+        );
+        let mut chunk = spec(8, 0.01, 0.01);
+        chunk.member_chunk = Some(0);
+        assert_eq!(
+            build_err(&chunk, 2),
+            (
+                "es.member_chunk = 0".into(),
+                "set es.member_chunk to at least 1".into()
+            )
+        );
+        assert_eq!(
+            build_err(&spec(8, 0.01, 0.01), 0),
+            ("devices = 0".into(), "set devices to at least 1".into())
+        );
+    }
+
+    #[test]
+    fn the_library_keeps_its_own_names_for_the_same_checks() {
+        let lowrank = || from_spec(&StrategySpec::LowRank { r: 1 });
+        let err = |r: Result<ShardedES, EsError>| {
+            let e = r.expect_err("invalid");
+            (e.message(), e.fix().expect("a fix"))
+        };
+        assert_eq!(
+            err(ShardedES::new(lowrank(), 30, 0.1, 0.1, 8)),
+            (
+                "n = 30 is not a positive multiple of devices (8) × pairing (1)".into(),
+                "set n to a multiple of 8, e.g. 24 or 32".into()
+            )
+        );
+        assert_eq!(
+            err(ShardedES::new(lowrank(), 16, 0.0, 0.1, 1)),
+            (
+                "sigma = 0 is not finite and > 0".into(),
+                "set sigma to a small positive number such as 0.01".into()
+            )
+        );
+        assert_eq!(
+            err(ShardedES::new(lowrank(), 16, 0.1, f32::NAN, 1)),
+            (
+                "lr = NaN is not finite".into(),
+                "set lr to a finite number such as 0.01".into()
+            )
+        );
+        assert_eq!(
+            err(ShardedES::new(lowrank(), 16, 0.1, 0.1, 0)),
+            ("devices = 0".into(), "use at least 1 device".into())
+        );
+    }
+
+    #[test]
+    fn with_several_numbers_wrong_each_front_end_reports_the_one_it_always_has() {
+        let (m, _) = build_err(&EsSpec::new(30, -1.0, 0.01), 2);
+        assert_eq!(m, "es.sigma = -1 is not a finite number > 0");
+        let lowrank = from_spec(&StrategySpec::LowRank { r: 1 });
+        let e = ShardedES::new(lowrank, 30, -1.0, 0.1, 8).expect_err("invalid");
+        assert!(e.message().starts_with("n = 30"), "{e}");
+    }
+
+    #[test]
+    fn suggested_populations_are_two_distinct_multiples() {
+        // Below one multiple (issue #15 saw "e.g. 4 or 4"), at zero, and between two.
+        assert_eq!(nearby_multiples(1, 4), (4, 8));
+        assert_eq!(nearby_multiples(3, 4), (4, 8));
+        assert_eq!(nearby_multiples(0, 4), (4, 8));
+        assert_eq!(nearby_multiples(30, 4), (28, 32));
+        assert_eq!(nearby_multiples(31, 2), (30, 32));
+        for per in 1..10 {
+            for n in 0..50 {
+                let (lo, hi) = nearby_multiples(n, per);
+                assert!(lo < hi && lo % per == 0 && hi % per == 0, "{n} {per}");
+            }
+        }
+        let (_, fix) = build_err(&EsSpec::new(1, 0.01, 0.01), 2);
+        assert_eq!(fix, "set es.n to a multiple of 4, e.g. 4 or 8");
+    }
+
+    /// A model that only reports its member size.
+    struct Sized(Option<usize>);
+
+    impl Model for Sized {
+        fn batch_types(&self) -> Vec<(String, crate::builder::TensorType)> {
+            Vec::new()
+        }
+
+        fn loss(
+            &self,
+            _: &crate::es::ModelParams,
+            _: &[crate::builder::Value],
+        ) -> Result<crate::nn::Act, EsError> {
+            Err(invalid("unused".into(), "unused".into()))
+        }
+
+        fn member_bytes(&self) -> Option<usize> {
+            self.0
+        }
+    }
+
+    #[test]
+    fn programs_take_the_member_size_from_the_model_unless_one_is_set() {
+        let es = || EsSpec::new(256, 0.1, 0.1).build(8).unwrap();
+        let quickstart = Sized(Some(64 * 1024));
+        // No size set: the model's (8 members of 64 KiB fill CHUNK_BYTES).
+        assert_eq!(es().member_chunk().unwrap(), DEFAULT_MEMBER_CHUNK);
+        assert_eq!(es().member_chunk_for(&quickstart).unwrap(), 8);
+        assert_eq!(es().member_chunk_for(&Sized(None)).unwrap(), 32);
+        assert_eq!(es().member_chunk_for(&Sized(Some(0))).unwrap(), 32);
+        // A size set on the ES wins over the model's.
+        let set = es().with_member_bytes(Some(CHUNK_BYTES * 4));
+        assert_eq!(set.member_chunk_for(&quickstart).unwrap(), 4);
+        // tell sizes its chunk after the evaluation chunk it is given.
+        let leaves = [LeafInfo {
+            index: 0,
+            path: "w".into(),
+            shape: vec![1024, 1024],
+        }];
+        let mut dense = EsSpec::new(256, 0.1, 0.1);
+        dense.strategy = StrategySpec::SeedRegenerated { chunk: None };
+        dense.member_chunk = Some(32);
+        let dense = dense.build(8).unwrap();
+        // 4 MiB of noise per direction: over TELL_CHUNK_BYTES, so the evaluation chunk's
+        // 32 directions decide, or one direction without it.
+        assert_eq!(dense.tell_chunk_after(&leaves, 64, Some(32)), 32);
+        assert_eq!(dense.tell_chunk_after(&leaves, 64, None), 1);
+        assert_eq!(dense.tell_chunk(&leaves, 64), 32);
+    }
+}
