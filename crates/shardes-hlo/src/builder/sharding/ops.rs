@@ -1,9 +1,10 @@
 //! Sharding constraints, manual computations (shard_map) and collectives.
 
-use super::error::{HloError, Result};
-use super::func::{fn_type, join_types, Func, RegionSpec, Value, P};
-use super::module::Sharding;
-use super::types::{DType, TensorType};
+use super::Sharding;
+use crate::builder::error::{HloError, Result};
+use crate::builder::func::{Func, RegionSpec, Value, P};
+use crate::builder::ops::combiner;
+use crate::builder::types::{fn_type, join_types, DType, TensorType};
 
 fn replica_groups(n: i64) -> String {
     let ids: Vec<String> = (0..n).map(|i| i.to_string()).collect();
@@ -31,7 +32,7 @@ impl Value {
         f.emit1("sharding_constraint", &[self], p, self.ty.clone())
     }
 
-    fn all_reduce(&self, op: &str, combiner: &'static str) -> Result<Value> {
+    fn all_reduce(&self, op: &str, mlir: &'static str) -> Result<Value> {
         let f = self.func();
         let n = f.manual_size().ok_or_else(|| HloError::Sharding {
             what: format!("{op} of {}", self.describe()),
@@ -52,7 +53,7 @@ impl Value {
             terminator: "stablehlo.return",
         };
         let (block, _) = f.region(op, spec, &[scal.clone(), scal], |a| {
-            Ok(vec![super::ops::combiner(op, combiner, &a[0], &a[1])?])
+            Ok(vec![combiner(op, mlir, &a[0], &a[1])?])
         })?;
         let ch = f.next_channel();
         let p = P::new().t("\"stablehlo.all_reduce\"(").v(self).t(format!(
