@@ -647,20 +647,22 @@ impl Func {
     /// ended with `spec.terminator` over the values `body` returns. Returns the block and
     /// the returned values (already checked to be visible in the region).
     ///
-    /// Whatever `body` returns, the block is closed and the insertion point is back in the
-    /// enclosing block afterwards, so the function stays usable after an error.
-    pub(crate) fn region<F>(
+    /// Generic over the closure's error type so that callers' own errors pass through
+    /// untouched. Whatever `body` returns, the block is closed and the insertion point is
+    /// back in the enclosing block afterwards, so the function stays usable after an error.
+    pub(crate) fn region<F, E>(
         &self,
         op: &str,
         spec: RegionSpec,
         arg_types: &[TensorType],
         body: F,
-    ) -> Result<(BlockId, Vec<Value>)>
+    ) -> Result<(BlockId, Vec<Value>), E>
     where
-        F: FnOnce(&[Value]) -> Result<Vec<Value>>,
+        F: FnOnce(&[Value]) -> Result<Vec<Value>, E>,
+        E: From<HloError>,
     {
         let (block, args) = self.open_region(&spec, arg_types)?;
-        let out = body(&args).and_then(|vals| self.terminate(op, &spec, vals));
+        let out = body(&args).and_then(|vals| self.terminate(op, &spec, vals).map_err(E::from));
         let mut st = self.st.borrow_mut();
         st.stack.pop();
         st.blocks[block].open = false;
@@ -731,15 +733,16 @@ impl Func {
     /// terminator): used for manual computations over a one-device mesh, which XLA does not
     /// partition. The block's arguments print as the inputs; the returned values become
     /// visible in the enclosing block.
-    pub(crate) fn inline_region<F>(
+    pub(crate) fn inline_region<F, E>(
         &self,
         op: &str,
         manual: i64,
         inputs: &[&Value],
         body: F,
-    ) -> Result<Vec<Value>>
+    ) -> Result<Vec<Value>, E>
     where
-        F: FnOnce(&[Value]) -> Result<Vec<Value>>,
+        F: FnOnce(&[Value]) -> Result<Vec<Value>, E>,
+        E: From<HloError>,
     {
         let tys: Vec<TensorType> = inputs.iter().map(|v| v.ty.clone()).collect();
         let spec = RegionSpec {

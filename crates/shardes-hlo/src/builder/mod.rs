@@ -45,7 +45,10 @@
 //!
 //! Regions are built by closures. A closure may use values of enclosing blocks in `while`
 //! bodies; reduce bodies, sort comparators and manual computations are isolated and see
-//! only their arguments (create constants inside them).
+//! only their arguments (create constants inside them). Region closures return
+//! `Result<_, E>` for any error type `E` that an [`HloError`] converts into, and the op
+//! returns the closure's error unchanged: a caller with its own error type uses `?` inside
+//! the region as outside. After an error the function stays usable (the region is closed).
 //!
 //! # Layout
 //! Each file owns one concept and imports only files listed above it (so no two files

@@ -28,10 +28,12 @@ impl Func {
 
     /// `while` over a carried tuple: `cond` maps the carry to an `i1` scalar, `body` maps
     /// it to the next carry (same types). Both may use values from the enclosing blocks.
-    pub fn while_loop<C, B>(&self, init: &[&Value], cond: C, body: B) -> Result<Vec<Value>>
+    /// Their error (of any type an [`HloError`] converts into) is returned as is.
+    pub fn while_loop<C, B, E>(&self, init: &[&Value], cond: C, body: B) -> Result<Vec<Value>, E>
     where
-        C: FnOnce(&[Value]) -> Result<Value>,
-        B: FnOnce(&[Value]) -> Result<Vec<Value>>,
+        C: FnOnce(&[Value]) -> Result<Value, E>,
+        B: FnOnce(&[Value]) -> Result<Vec<Value>, E>,
+        E: From<HloError>,
     {
         let tys: Vec<TensorType> = init.iter().map(|v| v.ty.clone()).collect();
         for v in init {
@@ -51,7 +53,8 @@ impl Func {
                 op: "while (cond)".into(),
                 got: join_types(&got),
                 expected: pred.to_string(),
-            });
+            }
+            .into());
         }
         let (bb, br) = self.region("while", spec(), &tys, body)?;
         let got: Vec<TensorType> = br.iter().map(|v| v.ty.clone()).collect();
@@ -60,7 +63,8 @@ impl Func {
                 op: "while (body)".into(),
                 got: join_types(&got),
                 expected: join_types(&tys),
-            });
+            }
+            .into());
         }
         let p = P::new()
             .t("\"stablehlo.while\"(")
@@ -70,14 +74,22 @@ impl Func {
             .t(", ")
             .region(bb)
             .t(format!(") : {}", fn_type(&tys, &tys)));
-        self.emit("while", init, p, &tys)
+        Ok(self.emit("while", init, p, &tys)?)
     }
 
     /// A counted loop: runs `body(i, carry)` for `i` in `lo..hi` (an `i32` scalar) and
-    /// returns the final carry.
-    pub fn fori_loop<B>(&self, lo: i32, hi: i32, init: &[&Value], body: B) -> Result<Vec<Value>>
+    /// returns the final carry. The body's error (of any type an [`HloError`] converts
+    /// into) is returned as is.
+    pub fn fori_loop<B, E>(
+        &self,
+        lo: i32,
+        hi: i32,
+        init: &[&Value],
+        body: B,
+    ) -> Result<Vec<Value>, E>
     where
-        B: FnOnce(&Value, &[Value]) -> Result<Vec<Value>>,
+        B: FnOnce(&Value, &[Value]) -> Result<Vec<Value>, E>,
+        E: From<HloError>,
     {
         let i0 = self.scalar(lo)?;
         let mut all: Vec<&Value> = vec![&i0];
@@ -86,8 +98,8 @@ impl Func {
         let g = self.clone();
         let mut out = self.while_loop(
             &all,
-            move |c| c[0].lt(&f.scalar(hi)?),
-            move |c| {
+            move |c| Ok(c[0].lt(&f.scalar(hi)?)?),
+            move |c| -> Result<Vec<Value>, E> {
                 let next = c[0].add(&g.scalar(1i32)?)?;
                 let mut rest = body(&c[0], &c[1..])?;
                 rest.insert(0, next);

@@ -87,7 +87,7 @@ impl Value {
             header: true,
             terminator: "stablehlo.return",
         };
-        let (block, _) = f.region(op, spec, &[scal.clone(), scal], |a| {
+        let (block, _) = f.region(op, spec, &[scal.clone(), scal], |a| -> Result<_> {
             if add {
                 Ok(vec![a[0].add(&a[1])?])
             } else {

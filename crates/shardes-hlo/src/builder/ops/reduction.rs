@@ -7,42 +7,39 @@ use crate::builder::types::{fn_type, join_types, DType, TensorType};
 
 impl Func {
     /// Generic multi-operand `reduce` over `dims`. The body receives the accumulators
-    /// followed by the elements (rank-0 values) and returns the new accumulators.
-    pub fn reduce<F>(
+    /// followed by the elements (rank-0 values) and returns the new accumulators; its
+    /// error (of any type an [`HloError`] converts into) is returned as is.
+    pub fn reduce<F, E>(
         &self,
         operands: &[&Value],
         inits: &[&Value],
         dims: &[usize],
         body: F,
-    ) -> Result<Vec<Value>>
+    ) -> Result<Vec<Value>, E>
     where
-        F: FnOnce(&[Value]) -> Result<Vec<Value>>,
+        F: FnOnce(&[Value]) -> Result<Vec<Value>, E>,
+        E: From<HloError>,
     {
         let all: Vec<&Value> = operands.iter().chain(inits).copied().collect();
         let first = operands
             .first()
             .ok_or_else(|| attr_err("reduce", &all, "no operands; pass at least one"))?;
         if operands.len() != inits.len() {
-            return Err(attr_err(
-                "reduce",
-                &all,
-                "pass exactly one init value per operand",
-            ));
+            return Err(attr_err("reduce", &all, "pass exactly one init value per operand").into());
         }
         for (v, i) in operands.iter().zip(inits) {
             if v.shape() != first.shape() {
-                return Err(shape_err(
-                    "reduce",
-                    &all,
-                    "all operands must have the same shape",
-                ));
+                return Err(
+                    shape_err("reduce", &all, "all operands must have the same shape").into(),
+                );
             }
             if i.rank() != 0 || i.dtype() != v.dtype() {
                 return Err(dtype_err(
                     "reduce",
                     &all,
                     "each init must be a rank-0 value of its operand's element type",
-                ));
+                )
+                .into());
             }
         }
         check_dims("reduce", first, dims, "dimension")?;
@@ -64,7 +61,8 @@ impl Func {
                 op: "reduce".into(),
                 got: join_types(&ret_types),
                 expected: join_types(&scal),
-            });
+            }
+            .into());
         }
         let keep: Vec<i64> = (0..first.rank())
             .filter(|d| !dims.contains(d))
@@ -84,30 +82,30 @@ impl Func {
             ))
             .region(block)
             .t(format!(") : {}", fn_type(&in_types, &results)));
-        self.emit("reduce", &all, p, &results)
+        Ok(self.emit("reduce", &all, p, &results)?)
     }
 
     /// Multi-operand `sort` along `dim`. The comparator receives `(lhs_0, rhs_0, lhs_1,
-    /// rhs_1, ...)` as rank-0 values and returns an `i1` "lhs goes first".
-    pub fn sort<F>(
+    /// rhs_1, ...)` as rank-0 values and returns an `i1` "lhs goes first"; its error (of
+    /// any type an [`HloError`] converts into) is returned as is.
+    pub fn sort<F, E>(
         &self,
         operands: &[&Value],
         dim: usize,
         stable: bool,
         comparator: F,
-    ) -> Result<Vec<Value>>
+    ) -> Result<Vec<Value>, E>
     where
-        F: FnOnce(&[Value]) -> Result<Value>,
+        F: FnOnce(&[Value]) -> Result<Value, E>,
+        E: From<HloError>,
     {
         let first = operands
             .first()
             .ok_or_else(|| attr_err("sort", operands, "no operands; pass at least one"))?;
         if operands.iter().any(|v| v.shape() != first.shape()) {
-            return Err(shape_err(
-                "sort",
-                operands,
-                "all operands must have the same shape",
-            ));
+            return Err(
+                shape_err("sort", operands, "all operands must have the same shape").into(),
+            );
         }
         check_dims("sort", first, &[dim], "dimension")?;
         let arg_types: Vec<TensorType> = operands
@@ -130,7 +128,8 @@ impl Func {
                 op: "sort".into(),
                 got: join_types(&got),
                 expected: pred.to_string(),
-            });
+            }
+            .into());
         }
         let tys: Vec<TensorType> = operands.iter().map(|v| v.ty.clone()).collect();
         let p = P::new()
@@ -141,7 +140,7 @@ impl Func {
             ))
             .region(block)
             .t(format!(") : {}", fn_type(&tys, &tys)));
-        self.emit("sort", operands, p, &tys)
+        Ok(self.emit("sort", operands, p, &tys)?)
     }
 
     /// Stable ascending sort of all `operands` by the first one along `dim`. Float keys
@@ -191,7 +190,7 @@ impl Value {
             f.scalar_of(self.dtype(), init)?
         };
         let out = f.reduce(&[self], &[&init], dims, |a| {
-            Ok(vec![combiner(op, mlir, &a[0], &a[1])?])
+            combiner(op, mlir, &a[0], &a[1]).map(|v| vec![v])
         })?;
         out.into_iter()
             .next()
@@ -237,7 +236,7 @@ impl Value {
         let init = self.reduce_init_min()?;
         let zero = f.scalar(0i32)?;
         let is_float = self.dtype().is_float();
-        let out = f.reduce(&[self, &idx], &[&init, &zero], &[dim], |a| {
+        let out = f.reduce(&[self, &idx], &[&init, &zero], &[dim], |a| -> Result<_> {
             let (xa, ia, xb, ib) = (&a[0], &a[1], &a[2], &a[3]);
             let mut pick_a = xa.gt(xb)?;
             if is_float {
