@@ -60,7 +60,8 @@
 //! - `func.rs`: the arena of one function under construction ([`Func`], [`Value`],
 //!   [`Function`], [`Callee`]): values and their SSA names, blocks, op records, scoping
 //!   checks and regions;
-//! - `printer.rs`: MLIR text from the op records (module header, signatures, bodies);
+//! - `printer.rs`: MLIR text from the op records (module header, signatures, bodies) and
+//!   [`Module::op_counts`];
 //! - `module.rs`: [`Module`], which checks calls between its functions;
 //! - `ops/`: the ops by family (`elementwise`, `shape`, `contraction`, `reduction`,
 //!   `gather_scatter`, `control`) over shared checks in `ops/mod.rs` ([`Cmp`], [`DotDims`]);

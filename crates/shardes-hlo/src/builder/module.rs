@@ -1,5 +1,6 @@
 //! Modules: named collections of functions over an optional mesh.
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use super::error::{HloError, Result};
@@ -106,6 +107,18 @@ impl Module {
     /// The module as MLIR text; the same builder calls always give the same bytes.
     pub fn to_mlir(&self) -> String {
         printer::module(&self.name, self.mesh.as_ref(), &self.funcs)
+    }
+
+    /// Op name -> number of such ops in [`Module::to_mlir`]'s text, every region and
+    /// function included: what XLA has to compile, by kind (`stablehlo.add`,
+    /// `sdy.manual_computation`, `func.call`, ...).
+    ///
+    /// Counted from the builder's op records, with the result a line-by-line reading of
+    /// the text gives: region terminators (`stablehlo.return`, `sdy.return`) count, the
+    /// functions' `return` does not, and `func.func` counts only the functions whose
+    /// signature carries no sharding or donation attributes.
+    pub fn op_counts(&self) -> BTreeMap<String, usize> {
+        printer::op_counts(&self.funcs)
     }
 
     /// Every value type in the module: function arguments, op results and block arguments

@@ -1,7 +1,10 @@
-//! MLIR text: the module header and mesh, each function's signature and body.
+//! MLIR text: the module header and mesh, each function's signature and body, and the
+//! per-op counts of that text.
 //!
 //! Ops are stored as pieces (see `func.rs`); value references resolve here, at print
 //! time, so names given late with `Value::named` appear everywhere the value is used.
+
+use std::collections::BTreeMap;
 
 use super::func::{BlockId, FuncState, Function, OpRec, Piece};
 use super::sharding::Mesh;
@@ -26,7 +29,56 @@ pub(super) fn module(name: &str, mesh: Option<&Mesh>, funcs: &[Function]) -> Str
     out
 }
 
+/// Op name -> count over the text [`module`] prints, counted from the op records.
+///
+/// Counts what a line-by-line reading of the text finds: every op of every block
+/// (regions and inlined blocks included, region terminators too), named by the dialect
+/// op that starts its line, for the dialects `stablehlo`, `sdy`, `func`, `chlo` and `mhlo`.
+/// The functions' own `return` is not a dialect op, and the module header and mesh
+/// lines are not ops. A `func.func` line is counted only when the signature carries no
+/// attributes: on a sharded or donated signature a line reading sees the first
+/// attribute (`sdy.sharding = ...`) where an op's results would be.
+pub(super) fn op_counts(funcs: &[Function]) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for f in funcs {
+        let st = f.st.borrow();
+        if !st.signature_has_attributes() {
+            *counts.entry("func.func".to_string()).or_insert(0) += 1;
+        }
+        st.count_ops(0, &mut counts);
+    }
+    counts
+}
+
+/// The dialect op an op record prints first: its first text piece up to the first
+/// character that cannot be part of an op name (a leading `"` of the generic form skipped).
+fn op_name(op: &OpRec) -> Option<&str> {
+    let Some(Piece::Text(t)) = op.pieces.first() else {
+        return None;
+    };
+    let t = t.trim_start().trim_start_matches('"');
+    let end = t
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.'))
+        .unwrap_or(t.len());
+    let name = &t[..end];
+    let (dialect, _) = name.split_once('.')?;
+    matches!(dialect, "stablehlo" | "sdy" | "func" | "chlo" | "mhlo").then_some(name)
+}
+
 impl FuncState {
+    fn count_ops(&self, b: BlockId, counts: &mut BTreeMap<String, usize>) {
+        for op in &self.blocks[b].ops {
+            if let Some(name) = op_name(op) {
+                *counts.entry(name.to_string()).or_insert(0) += 1;
+            }
+            for p in &op.pieces {
+                if let Piece::Region(r) | Piece::Inline(r) = p {
+                    self.count_ops(*r, counts);
+                }
+            }
+        }
+    }
+
     /// The `{...}` attributes of argument `i`: its sharding and its donation.
     fn arg_attrs(&self, i: usize) -> Vec<String> {
         let mut attrs = Vec::new();
@@ -45,6 +97,11 @@ impl FuncState {
             (Some(s), Some(m)) => Some(format!("sdy.sharding = #sdy.sharding{}", s.mlir(m))),
             _ => None,
         }
+    }
+
+    fn signature_has_attributes(&self) -> bool {
+        (0..self.blocks[0].args.len()).any(|i| !self.arg_attrs(i).is_empty())
+            || (0..self.outputs.len()).any(|i| self.output_attr(i).is_some())
     }
 
     fn print_block_args(&self, b: BlockId, out: &mut String) {
