@@ -348,7 +348,7 @@ pub fn gemm_peak_gflops(
             };
             // Reduced on the device so only one float per device comes back.
             let y = loc[0].dot_general(&loc[1], &dims)?.reduce_sum(&[0, 1])?;
-            Ok(vec![y.reshape(&[1])?])
+            Ok::<_, shardes_hlo::builder::HloError>(vec![y.reshape(&[1])?])
         },
     )?;
     f.output_sharded(&out[0], &Sharding::split(1, 0)?)?;

@@ -268,3 +268,117 @@ fn compare_type_follows_dtype() {
     assert!(text.contains("NE, %c, %c, FLOAT"), "{text}");
     assert!(a.compare_typed(&a, Cmp::Lt, "FLOAT").is_err());
 }
+
+/// A caller's own error type, as the ES layer has one.
+#[derive(Debug, PartialEq)]
+enum CallerError {
+    Hlo(HloError),
+    Own(&'static str),
+}
+
+impl From<HloError> for CallerError {
+    fn from(e: HloError) -> Self {
+        CallerError::Hlo(e)
+    }
+}
+
+#[test]
+fn region_closures_return_the_callers_own_error() {
+    let mut m = Module::with_mesh("m", Mesh::pop(4).unwrap());
+    let f = m.func("main");
+    let rows = Sharding::split(1, 0).unwrap();
+    let x = f.arg_sharded("x", f32s(&[8]), &rows).unwrap();
+    let mut leaked = Vec::new();
+    // The body's own error comes out of fori_loop unchanged, after ops were built with `?`.
+    let e = f
+        .fori_loop(0, 3, &[&x], |i, c| {
+            leaked.push(c[0].add(&i.convert(DType::F32)?)?);
+            Err(CallerError::Own("loop body"))
+        })
+        .unwrap_err();
+    assert_eq!(e, CallerError::Own("loop body"));
+    // A builder error inside the region converts into the caller's type.
+    let e = f
+        .fori_loop(0, 3, &[&x], |_, c| Ok(vec![c[0].reduce_sum(&[1])?]))
+        .unwrap_err();
+    assert!(
+        matches!(e, CallerError::Hlo(HloError::InvalidAttribute { .. })),
+        "{e:?}"
+    );
+    // The same for manual_computation.
+    let e = f
+        .manual_computation(
+            &[&x],
+            std::slice::from_ref(&rows),
+            &[Sharding::replicated(1)],
+            |l| {
+                leaked.push(l[0].all_reduce_sum()?);
+                Err(CallerError::Own("manual body"))
+            },
+        )
+        .unwrap_err();
+    assert_eq!(e, CallerError::Own("manual body"));
+    // The function stays usable: values of the failed regions are out of scope, a manual
+    // computation is not taken as nested in the failed one, and the function finishes
+    // (no region left open) and prints without the failed ops.
+    for v in &leaked {
+        let e = v.neg().unwrap_err();
+        assert!(matches!(e, HloError::OutOfScope { .. }), "{e:?}");
+        assert!(e.to_string().contains("closed"), "{e}");
+    }
+    let y = f
+        .manual_computation(
+            &[&x.neg().unwrap()],
+            std::slice::from_ref(&rows),
+            &[Sharding::replicated(1)],
+            |l| -> Result<_, CallerError> { Ok(vec![l[0].all_reduce_sum()?]) },
+        )
+        .unwrap();
+    f.output(&y[0]).unwrap();
+    m.add(f.finish().unwrap()).unwrap();
+    let text = m.to_mlir();
+    assert!(!text.contains("stablehlo.while"), "{text}");
+    assert_eq!(text.matches("sdy.manual_computation").count(), 1, "{text}");
+    assert_eq!(text.matches("stablehlo.all_reduce").count(), 1, "{text}");
+    // A one-device manual computation (printed inline) passes the error through as well.
+    let mut one = Module::with_mesh("one", Mesh::pop(1).unwrap());
+    let g = one.func("main");
+    let z = g.arg("z", f32s(&[4])).unwrap();
+    let e = g
+        .manual_computation(
+            &[&z],
+            &[Sharding::replicated(1)],
+            &[Sharding::replicated(1)],
+            |l| {
+                l[0].neg()?;
+                Err(CallerError::Own("inline body"))
+            },
+        )
+        .unwrap_err();
+    assert_eq!(e, CallerError::Own("inline body"));
+    g.output(&z.abs().unwrap()).unwrap();
+    one.add(g.finish().unwrap()).unwrap();
+    assert!(!one.to_mlir().contains("negate"), "{}", one.to_mlir());
+    // while_loop, reduce and sort take the caller's error type too.
+    let h = Func::new("h");
+    let v = h.arg("v", f32s(&[4])).unwrap();
+    let e = h
+        .while_loop(
+            &[&v],
+            |_| Err(CallerError::Own("cond")),
+            |c| Ok(vec![c[0].clone()]),
+        )
+        .unwrap_err();
+    assert_eq!(e, CallerError::Own("cond"));
+    let zero = h.scalar(0.0f32).unwrap();
+    let e = h
+        .reduce(&[&v], &[&zero], &[0], |_| Err(CallerError::Own("reduce")))
+        .unwrap_err();
+    assert_eq!(e, CallerError::Own("reduce"));
+    let e = h
+        .sort(&[&v], 0, true, |_| Err(CallerError::Own("sort")))
+        .unwrap_err();
+    assert_eq!(e, CallerError::Own("sort"));
+    h.output(&v.reduce_sum(&[0]).unwrap()).unwrap();
+    h.finish().unwrap();
+}

@@ -187,9 +187,12 @@ fn value_types_include_region_arguments() {
     let f = m.func("main");
     let x = f.arg("x", TensorType::f32(&[3, 5])).unwrap();
     let r = f
-        .reduce(&[&x], &[&f.scalar(0.0f32).unwrap()], &[0, 1], |a| {
-            Ok(vec![a[0].add(&a[1])?])
-        })
+        .reduce(
+            &[&x],
+            &[&f.scalar(0.0f32).unwrap()],
+            &[0, 1],
+            |a| -> Result<_> { Ok(vec![a[0].add(&a[1])?]) },
+        )
         .unwrap();
     let w = f
         .while_loop(
@@ -231,7 +234,7 @@ fn one_device_manual_computation_is_inlined() {
             &[&x],
             &[Sharding::split(1, 0).unwrap()],
             &[Sharding::replicated(1)],
-            |l| Ok(vec![l[0].all_reduce_sum()?.named("summed")]),
+            |l| -> Result<_> { Ok(vec![l[0].all_reduce_sum()?.named("summed")]) },
         )
         .unwrap();
     // The returned value is usable outside, like a manual_computation result.

@@ -1,9 +1,13 @@
-//! Function bodies: the shared build context, values, regions and the printer.
+//! Function bodies: the arena of values, blocks and op records, scoping and regions.
 //!
 //! A [`Func`] is a cheap handle (`Rc`) to one function under construction. Every
 //! [`Value`] holds the same handle plus its SSA id, so ops are plain methods on values.
 //! Regions (while bodies, reduce bodies, sort comparators, manual computations) are
 //! built by closures: while a closure runs, new ops go into the region's block.
+//!
+//! An op is recorded as [`Piece`]s (built with [`P`]) rather than as text, so that values
+//! renamed later with [`Value::named`] print under their final name; `printer.rs` turns
+//! the records into MLIR text.
 
 use std::cell::RefCell;
 use std::collections::HashSet;
@@ -11,7 +15,7 @@ use std::fmt;
 use std::rc::Rc;
 
 use super::error::{HloError, Result};
-use super::module::{Mesh, Sharding};
+use super::sharding::{Mesh, Sharding};
 use super::types::TensorType;
 
 pub(crate) type ValueId = usize;
@@ -69,14 +73,15 @@ impl P {
 
 #[derive(Debug)]
 pub(crate) struct OpRec {
-    results: Vec<ValueId>,
-    pieces: Vec<Piece>,
+    pub(super) results: Vec<ValueId>,
+    pub(super) pieces: Vec<Piece>,
 }
 
 #[derive(Debug)]
-struct ValueInfo {
-    ty: TensorType,
-    group: usize,
+pub(super) struct ValueInfo {
+    pub(super) ty: TensorType,
+    /// The SSA name group (`%name`, or `%name#i` for result `i` of a multi-result op).
+    pub(super) group: usize,
     index: Option<usize>,
     block: BlockId,
     /// Printed as this other value (arguments of inlined blocks).
@@ -84,14 +89,15 @@ struct ValueInfo {
 }
 
 #[derive(Debug)]
-struct BlockInfo {
+pub(super) struct BlockInfo {
     parent: Option<BlockId>,
     isolated: bool,
     manual: Option<i64>,
-    header: bool,
+    /// Printed with a `^bb0(args):` header.
+    pub(super) header: bool,
     open: bool,
-    args: Vec<ValueId>,
-    ops: Vec<OpRec>,
+    pub(super) args: Vec<ValueId>,
+    pub(super) ops: Vec<OpRec>,
 }
 
 /// A call made from this function, checked against the module when the function is added.
@@ -106,16 +112,17 @@ pub(crate) struct FuncState {
     pub(crate) public: bool,
     pub(crate) mesh: Option<Mesh>,
     pub(crate) uses_mesh: bool,
-    values: Vec<ValueInfo>,
-    groups: Vec<String>,
+    pub(super) values: Vec<ValueInfo>,
+    pub(super) groups: Vec<String>,
     used: HashSet<String>,
     next_auto: usize,
-    blocks: Vec<BlockInfo>,
+    /// Block 0 is the function body; the others are regions, in creation order.
+    pub(super) blocks: Vec<BlockInfo>,
     stack: Vec<BlockId>,
-    arg_shardings: Vec<Option<Sharding>>,
+    pub(super) arg_shardings: Vec<Option<Sharding>>,
     /// Output index each argument is donated to (`tf.aliasing_output`), if any.
-    arg_aliases: Vec<Option<usize>>,
-    outputs: Vec<(ValueId, Option<Sharding>)>,
+    pub(super) arg_aliases: Vec<Option<usize>>,
+    pub(super) outputs: Vec<(ValueId, Option<Sharding>)>,
     pub(crate) calls: Vec<CallRecord>,
     next_channel: i64,
     finished: bool,
@@ -196,7 +203,8 @@ impl FuncState {
         self.stack.last().copied().unwrap_or(0)
     }
 
-    fn value_ref(&self, id: ValueId) -> String {
+    /// The SSA reference of `id` as printed (`%x`, `%3#1`), following inline aliases.
+    pub(super) fn value_ref(&self, id: ValueId) -> String {
         let mut v = &self.values[id];
         while let Some(a) = v.alias {
             v = &self.values[a];
@@ -209,123 +217,6 @@ impl FuncState {
 
     fn describe(&self, id: ValueId) -> String {
         format!("{}: {}", self.value_ref(id), self.values[id].ty)
-    }
-
-    fn print_block_args(&self, b: BlockId, out: &mut String) {
-        let args: Vec<String> = self.blocks[b]
-            .args
-            .iter()
-            .map(|&a| format!("{}: {}", self.value_ref(a), self.values[a].ty))
-            .collect();
-        out.push_str(&args.join(", "));
-    }
-
-    fn print_ops(&self, b: BlockId, indent: usize, out: &mut String) {
-        for op in &self.blocks[b].ops {
-            self.print_op(op, indent, out);
-        }
-    }
-
-    fn print_op(&self, op: &OpRec, indent: usize, out: &mut String) {
-        if let [Piece::Inline(b)] = op.pieces.as_slice() {
-            self.print_ops(*b, indent, out);
-            return;
-        }
-        out.push_str(&" ".repeat(indent));
-        match op.results.len() {
-            0 => {}
-            1 => {
-                out.push_str(&self.value_ref(op.results[0]));
-                out.push_str(" = ");
-            }
-            n => {
-                let g = self.values[op.results[0]].group;
-                out.push_str(&format!("%{}:{} = ", self.groups[g], n));
-            }
-        }
-        for p in &op.pieces {
-            match p {
-                Piece::Text(s) => out.push_str(s),
-                Piece::Val(id) => out.push_str(&self.value_ref(*id)),
-                Piece::BlockArgs(b) => self.print_block_args(*b, out),
-                Piece::Inline(b) => self.print_ops(*b, indent, out),
-                Piece::Region(b) => {
-                    out.push_str("{\n");
-                    if self.blocks[*b].header {
-                        out.push_str(&" ".repeat(indent));
-                        out.push_str("^bb0(");
-                        self.print_block_args(*b, out);
-                        out.push_str("):\n");
-                    }
-                    self.print_ops(*b, indent + 2, out);
-                    out.push_str(&" ".repeat(indent));
-                    out.push('}');
-                }
-            }
-        }
-        out.push('\n');
-    }
-
-    pub(crate) fn print(&self, out: &mut String) {
-        let vis = if self.public { "public" } else { "private" };
-        out.push_str(&format!("  func.func {vis} @{}(", self.name));
-        let args: Vec<String> = self.blocks[0]
-            .args
-            .iter()
-            .zip(self.arg_shardings.iter().zip(&self.arg_aliases))
-            .map(|(&a, (s, alias))| {
-                let mut t = format!("{}: {}", self.value_ref(a), self.values[a].ty);
-                let mut attrs = Vec::new();
-                if let (Some(s), Some(m)) = (s, &self.mesh) {
-                    attrs.push(format!("sdy.sharding = #sdy.sharding{}", s.mlir(m)));
-                }
-                if let Some(o) = alias {
-                    attrs.push(format!("tf.aliasing_output = {o} : i32"));
-                }
-                if !attrs.is_empty() {
-                    t.push_str(&format!(" {{{}}}", attrs.join(", ")));
-                }
-                t
-            })
-            .collect();
-        out.push_str(&args.join(", "));
-        out.push(')');
-        if !self.outputs.is_empty() {
-            let res: Vec<String> = self
-                .outputs
-                .iter()
-                .map(|(v, s)| {
-                    let mut t = self.values[*v].ty.to_string();
-                    if let (Some(s), Some(m)) = (s, &self.mesh) {
-                        t.push_str(&format!(" {{sdy.sharding = #sdy.sharding{}}}", s.mlir(m)));
-                    }
-                    t
-                })
-                .collect();
-            out.push_str(&format!(" -> ({})", res.join(", ")));
-        }
-        out.push_str(" {\n");
-        self.print_ops(0, 4, out);
-        let refs: Vec<String> = self
-            .outputs
-            .iter()
-            .map(|(v, _)| self.value_ref(*v))
-            .collect();
-        let tys: Vec<String> = self
-            .outputs
-            .iter()
-            .map(|(v, _)| self.values[*v].ty.to_string())
-            .collect();
-        if refs.is_empty() {
-            out.push_str("    return\n");
-        } else {
-            out.push_str(&format!(
-                "    return {} : {}\n",
-                refs.join(", "),
-                tys.join(", ")
-            ));
-        }
-        out.push_str("  }\n");
     }
 
     pub(crate) fn value_types(&self) -> Vec<TensorType> {
@@ -487,24 +378,6 @@ pub(crate) fn types_of(vals: &[&Value]) -> String {
         .map(|v| v.ty.to_string())
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-/// Comma-separated tensor types.
-pub(crate) fn join_types(tys: &[TensorType]) -> String {
-    tys.iter()
-        .map(|t| t.to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// `(a, b) -> c` or `(a) -> (b, c)`.
-pub(crate) fn fn_type(args: &[TensorType], results: &[TensorType]) -> String {
-    let res = if results.len() == 1 {
-        results[0].to_string()
-    } else {
-        format!("({})", join_types(results))
-    };
-    format!("({}) -> {}", join_types(args), res)
 }
 
 impl Func {
@@ -773,66 +646,23 @@ impl Func {
     /// Builds a region: a new block with arguments of `arg_types`, filled by `body`,
     /// ended with `spec.terminator` over the values `body` returns. Returns the block and
     /// the returned values (already checked to be visible in the region).
-    pub(crate) fn region<F>(
+    ///
+    /// Generic over the closure's error type so that callers' own errors pass through
+    /// untouched. Whatever `body` returns, the block is closed and the insertion point is
+    /// back in the enclosing block afterwards, so the function stays usable after an error.
+    pub(crate) fn region<F, E>(
         &self,
         op: &str,
         spec: RegionSpec,
         arg_types: &[TensorType],
         body: F,
-    ) -> Result<(BlockId, Vec<Value>)>
+    ) -> Result<(BlockId, Vec<Value>), E>
     where
-        F: FnOnce(&[Value]) -> Result<Vec<Value>>,
+        F: FnOnce(&[Value]) -> Result<Vec<Value>, E>,
+        E: From<HloError>,
     {
-        let (block, args) = {
-            let mut st = self.st.borrow_mut();
-            self.not_finished(&st)?;
-            let parent = st.current();
-            let manual = spec.manual.or(st.blocks[parent].manual);
-            st.blocks.push(BlockInfo {
-                parent: Some(parent),
-                isolated: spec.isolated,
-                manual,
-                header: spec.header,
-                open: true,
-                args: Vec::new(),
-                ops: Vec::new(),
-            });
-            let b = st.blocks.len() - 1;
-            let mut args = Vec::with_capacity(arg_types.len());
-            for t in arg_types {
-                let name = st.fresh_name(None);
-                st.groups.push(name);
-                let g = st.groups.len() - 1;
-                let id = st.new_value(t.clone(), g, None, b);
-                st.blocks[b].args.push(id);
-                args.push(Value {
-                    f: self.st.clone(),
-                    id,
-                    ty: t.clone(),
-                });
-            }
-            st.stack.push(b);
-            (b, args)
-        };
-        let out = body(&args).and_then(|vals| {
-            let refs: Vec<&Value> = vals.iter().collect();
-            for v in &refs {
-                self.check_use(op, v)?;
-            }
-            if spec.terminator.is_empty() {
-                return Ok(vals);
-            }
-            let p = if refs.is_empty() {
-                P::new().t(spec.terminator)
-            } else {
-                P::new()
-                    .t(format!("{} ", spec.terminator))
-                    .vs(&refs)
-                    .t(format!(" : {}", types_of(&refs)))
-            };
-            self.push_op(p, &[], None)?;
-            Ok(vals)
-        });
+        let (block, args) = self.open_region(&spec, arg_types)?;
+        let out = body(&args).and_then(|vals| self.terminate(op, &spec, vals).map_err(E::from));
         let mut st = self.st.borrow_mut();
         st.stack.pop();
         st.blocks[block].open = false;
@@ -840,19 +670,79 @@ impl Func {
         Ok((block, out?))
     }
 
+    /// Pushes a new block for `spec` with arguments of `arg_types` and makes it the
+    /// insertion point.
+    fn open_region(
+        &self,
+        spec: &RegionSpec,
+        arg_types: &[TensorType],
+    ) -> Result<(BlockId, Vec<Value>)> {
+        let mut st = self.st.borrow_mut();
+        self.not_finished(&st)?;
+        let parent = st.current();
+        let manual = spec.manual.or(st.blocks[parent].manual);
+        st.blocks.push(BlockInfo {
+            parent: Some(parent),
+            isolated: spec.isolated,
+            manual,
+            header: spec.header,
+            open: true,
+            args: Vec::new(),
+            ops: Vec::new(),
+        });
+        let b = st.blocks.len() - 1;
+        let mut args = Vec::with_capacity(arg_types.len());
+        for t in arg_types {
+            let name = st.fresh_name(None);
+            st.groups.push(name);
+            let g = st.groups.len() - 1;
+            let id = st.new_value(t.clone(), g, None, b);
+            st.blocks[b].args.push(id);
+            args.push(Value {
+                f: self.st.clone(),
+                id,
+                ty: t.clone(),
+            });
+        }
+        st.stack.push(b);
+        Ok((b, args))
+    }
+
+    /// Checks that the region's results are visible in it and appends its terminator.
+    fn terminate(&self, op: &str, spec: &RegionSpec, vals: Vec<Value>) -> Result<Vec<Value>> {
+        let refs: Vec<&Value> = vals.iter().collect();
+        for v in &refs {
+            self.check_use(op, v)?;
+        }
+        if spec.terminator.is_empty() {
+            return Ok(vals);
+        }
+        let p = if refs.is_empty() {
+            P::new().t(spec.terminator)
+        } else {
+            P::new()
+                .t(format!("{} ", spec.terminator))
+                .vs(&refs)
+                .t(format!(" : {}", types_of(&refs)))
+        };
+        self.push_op(p, &[], None)?;
+        Ok(vals)
+    }
+
     /// Runs `body` on `inputs` in an isolated block that is printed inline (no region, no
     /// terminator): used for manual computations over a one-device mesh, which XLA does not
     /// partition. The block's arguments print as the inputs; the returned values become
     /// visible in the enclosing block.
-    pub(crate) fn inline_region<F>(
+    pub(crate) fn inline_region<F, E>(
         &self,
         op: &str,
         manual: i64,
         inputs: &[&Value],
         body: F,
-    ) -> Result<Vec<Value>>
+    ) -> Result<Vec<Value>, E>
     where
-        F: FnOnce(&[Value]) -> Result<Vec<Value>>,
+        F: FnOnce(&[Value]) -> Result<Vec<Value>, E>,
+        E: From<HloError>,
     {
         let tys: Vec<TensorType> = inputs.iter().map(|v| v.ty.clone()).collect();
         let spec = RegionSpec {

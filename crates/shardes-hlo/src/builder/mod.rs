@@ -45,17 +45,39 @@
 //!
 //! Regions are built by closures. A closure may use values of enclosing blocks in `while`
 //! bodies; reduce bodies, sort comparators and manual computations are isolated and see
-//! only their arguments (create constants inside them).
+//! only their arguments (create constants inside them). Region closures return
+//! `Result<_, E>` for any error type `E` that an [`HloError`] converts into, and the op
+//! returns the closure's error unchanged: a caller with its own error type uses `?` inside
+//! the region as outside. After an error the function stays usable (the region is closed).
+//!
+//! # Layout
+//! Each file owns one concept and imports only files listed above it (so no two files
+//! import each other):
+//! - `error.rs`: [`HloError`];
+//! - `types.rs`: [`DType`], [`TensorType`], the [`Element`] host types of constants, and
+//!   how lists of types and function types print;
+//! - `sharding/mod.rs`: [`Mesh`] and [`Sharding`];
+//! - `func.rs`: the arena of one function under construction ([`Func`], [`Value`],
+//!   [`Function`], [`Callee`]): values and their SSA names, blocks, op records, scoping
+//!   checks and regions;
+//! - `printer.rs`: MLIR text from the op records (module header, signatures, bodies) and
+//!   [`Module::op_counts`];
+//! - `module.rs`: [`Module`], which checks calls between its functions;
+//! - `ops/`: the ops by family (`elementwise`, `shape`, `contraction`, `reduction`,
+//!   `gather_scatter`, `control`) over shared checks in `ops/mod.rs` ([`Cmp`], [`DotDims`]);
+//! - `sharding/ops.rs`: the sharding ops (constraint, manual computation, collectives).
 
 mod error;
 mod func;
 mod module;
 mod ops;
-mod shard;
+mod printer;
+mod sharding;
 mod types;
 
 pub use error::{HloError, Result};
 pub use func::{Callee, Func, Function, Value};
-pub use module::{Mesh, Module, Sharding};
+pub use module::Module;
 pub use ops::{Cmp, DotDims};
+pub use sharding::{Mesh, Sharding};
 pub use types::{DType, Element, TensorType};

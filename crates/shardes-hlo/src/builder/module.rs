@@ -1,154 +1,13 @@
-//! Modules, the device mesh and shardings.
+//! Modules: named collections of functions over an optional mesh.
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use super::error::{HloError, Result};
 use super::func::{Callee, Func, Function};
+use super::printer;
+use super::sharding::Mesh;
 use super::types::TensorType;
-
-/// A one-axis device mesh, printed `sdy.mesh @mesh = <["pop"=8]>`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Mesh {
-    axis: String,
-    size: i64,
-}
-
-impl Mesh {
-    /// The `"pop"` mesh over `size` devices.
-    pub fn pop(size: i64) -> Result<Self> {
-        Self::new("pop", size)
-    }
-
-    /// A mesh with a custom axis name.
-    pub fn new(axis: &str, size: i64) -> Result<Self> {
-        if size < 1 {
-            return Err(HloError::Sharding {
-                what: format!("mesh axis \"{axis}\""),
-                reason: format!("size {size} is not positive; use the number of devices (>= 1)"),
-            });
-        }
-        if axis.is_empty() || !axis.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-            return Err(HloError::Sharding {
-                what: format!("mesh axis \"{axis}\""),
-                reason: "axis names must be non-empty and use only ASCII letters, digits and `_`"
-                    .into(),
-            });
-        }
-        Ok(Mesh {
-            axis: axis.into(),
-            size,
-        })
-    }
-
-    /// The axis name.
-    pub fn axis(&self) -> &str {
-        &self.axis
-    }
-
-    /// The number of devices along the axis.
-    pub fn size(&self) -> i64 {
-        self.size
-    }
-}
-
-/// Per-dimension placement over the one mesh axis: each dimension is either split along
-/// the axis or replicated. At most one dimension may be split.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Sharding {
-    split: Vec<bool>,
-}
-
-impl Sharding {
-    /// Fully replicated over `rank` dimensions.
-    pub fn replicated(rank: usize) -> Self {
-        Sharding {
-            split: vec![false; rank],
-        }
-    }
-
-    /// Dimension `dim` of a rank-`rank` tensor split along the mesh axis.
-    pub fn split(rank: usize, dim: usize) -> Result<Self> {
-        if dim >= rank {
-            return Err(HloError::Sharding {
-                what: format!("Sharding::split({rank}, {dim})"),
-                reason: format!("dimension {dim} does not exist in a rank-{rank} tensor; pick a dimension below {rank}"),
-            });
-        }
-        let mut split = vec![false; rank];
-        split[dim] = true;
-        Ok(Sharding { split })
-    }
-
-    /// The rank this sharding describes.
-    pub fn rank(&self) -> usize {
-        self.split.len()
-    }
-
-    /// The split dimension, if any.
-    pub fn split_dim(&self) -> Option<usize> {
-        self.split.iter().position(|&s| s)
-    }
-
-    /// `<@mesh, [{"pop"}, {}]>` (prefix with `#sdy.sharding` for attributes).
-    pub(crate) fn mlir(&self, mesh: &Mesh) -> String {
-        let dims: Vec<String> = self
-            .split
-            .iter()
-            .map(|&s| {
-                if s {
-                    format!("{{\"{}\"}}", mesh.axis)
-                } else {
-                    "{}".into()
-                }
-            })
-            .collect();
-        format!("<@mesh, [{}]>", dims.join(", "))
-    }
-
-    /// Checks that this sharding fits `ty` on `mesh`.
-    pub(crate) fn check(&self, what: &str, ty: &TensorType, mesh: &Mesh) -> Result<()> {
-        if self.rank() != ty.rank() {
-            return Err(HloError::Sharding {
-                what: what.into(),
-                reason: format!(
-                    "sharding has rank {} but the value is {ty}; use a sharding of rank {}",
-                    self.rank(),
-                    ty.rank()
-                ),
-            });
-        }
-        if let Some(d) = self.split_dim() {
-            if ty.shape[d] % mesh.size != 0 {
-                return Err(HloError::Sharding {
-                    what: what.into(),
-                    reason: format!(
-                        "dimension {d} of {ty} has size {} which does not divide by the {} devices of mesh axis \"{}\"; pad it to a multiple of {} or split another dimension",
-                        ty.shape[d], mesh.size, mesh.axis, mesh.size
-                    ),
-                });
-            }
-        }
-        Ok(())
-    }
-
-    /// The per-device type of a global value `ty`.
-    pub(crate) fn local(&self, ty: &TensorType, mesh: &Mesh) -> TensorType {
-        let mut t = ty.clone();
-        if let Some(d) = self.split_dim() {
-            t.shape[d] /= mesh.size;
-        }
-        t
-    }
-
-    /// The global type of a per-device value `ty`.
-    pub(crate) fn global(&self, ty: &TensorType, mesh: &Mesh) -> TensorType {
-        let mut t = ty.clone();
-        if let Some(d) = self.split_dim() {
-            t.shape[d] *= mesh.size;
-        }
-        t
-    }
-}
 
 /// A StableHLO module: functions plus an optional mesh.
 ///
@@ -247,22 +106,19 @@ impl Module {
 
     /// The module as MLIR text; the same builder calls always give the same bytes.
     pub fn to_mlir(&self) -> String {
-        let parts = self.mesh.as_ref().map_or(1, |m| m.size);
-        let mut out = format!(
-            "module @{} attributes {{mhlo.num_partitions = {parts} : i32, mhlo.num_replicas = 1 : i32}} {{\n",
-            self.name
-        );
-        if let Some(m) = &self.mesh {
-            out.push_str(&format!(
-                "  sdy.mesh @mesh = <[\"{}\"={}]>\n",
-                m.axis, m.size
-            ));
-        }
-        for f in &self.funcs {
-            f.st.borrow().print(&mut out);
-        }
-        out.push_str("}\n");
-        out
+        printer::module(&self.name, self.mesh.as_ref(), &self.funcs)
+    }
+
+    /// Op name -> number of such ops in [`Module::to_mlir`]'s text, every region and
+    /// function included: what XLA has to compile, by kind (`stablehlo.add`,
+    /// `sdy.manual_computation`, `func.call`, ...).
+    ///
+    /// Counted from the builder's op records, with the result a line-by-line reading of
+    /// the text gives: region terminators (`stablehlo.return`, `sdy.return`) count, the
+    /// functions' `return` does not, and `func.func` counts only the functions whose
+    /// signature carries no sharding or donation attributes.
+    pub fn op_counts(&self) -> BTreeMap<String, usize> {
+        printer::op_counts(&self.funcs)
     }
 
     /// Every value type in the module: function arguments, op results and block arguments

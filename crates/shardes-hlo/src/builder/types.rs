@@ -1,4 +1,5 @@
-//! Element types, tensor types and host element values for constants.
+//! Element types, tensor types, host element values for constants, and the printed
+//! forms of type lists and function types.
 
 use std::fmt;
 
@@ -352,4 +353,22 @@ fn nested(shape: &[i64], lits: &[String]) -> String {
         .map(|i| nested(&shape[1..], &lits[i * chunk..(i + 1) * chunk]))
         .collect();
     format!("[{}]", parts.join(", "))
+}
+
+/// Comma-separated tensor types (`tensor<2xf32>, tensor<i32>`).
+pub(crate) fn join_types(tys: &[TensorType]) -> String {
+    tys.iter()
+        .map(|t| t.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A function type as MLIR prints it: `(a, b) -> c` or `(a) -> (b, c)`.
+pub(crate) fn fn_type(args: &[TensorType], results: &[TensorType]) -> String {
+    let res = if results.len() == 1 {
+        results[0].to_string()
+    } else {
+        format!("({})", join_types(results))
+    };
+    format!("({}) -> {}", join_types(args), res)
 }

@@ -655,7 +655,7 @@ impl Qwen2 {
                 next.push(cache.k);
                 next.push(cache.v);
             }
-            Ok(next)
+            Ok::<_, crate::builder::HloError>(next)
         })?;
         f.output(&out[1])?;
         m.add(f.finish()?)?;

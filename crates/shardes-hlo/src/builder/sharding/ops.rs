@@ -1,9 +1,13 @@
 //! Sharding constraints, manual computations (shard_map) and collectives.
 
-use super::error::{HloError, Result};
-use super::func::{fn_type, join_types, Func, RegionSpec, Value, P};
-use super::module::Sharding;
-use super::types::{DType, TensorType};
+use super::{Mesh, Sharding};
+use crate::builder::error::{HloError, Result};
+use crate::builder::func::{BlockId, Func, RegionSpec, Value, P};
+use crate::builder::ops::combiner;
+use crate::builder::types::{fn_type, join_types, DType, TensorType};
+
+/// The op name in errors about manual computations.
+const MANUAL: &str = "manual_computation";
 
 fn replica_groups(n: i64) -> String {
     let ids: Vec<String> = (0..n).map(|i| i.to_string()).collect();
@@ -31,7 +35,7 @@ impl Value {
         f.emit1("sharding_constraint", &[self], p, self.ty.clone())
     }
 
-    fn all_reduce(&self, op: &str, combiner: &'static str) -> Result<Value> {
+    fn all_reduce(&self, op: &str, mlir: &'static str) -> Result<Value> {
         let f = self.func();
         let n = f.manual_size().ok_or_else(|| HloError::Sharding {
             what: format!("{op} of {}", self.describe()),
@@ -52,7 +56,7 @@ impl Value {
             terminator: "stablehlo.return",
         };
         let (block, _) = f.region(op, spec, &[scal.clone(), scal], |a| {
-            Ok(vec![super::ops::combiner(op, combiner, &a[0], &a[1])?])
+            combiner(op, mlir, &a[0], &a[1]).map(|v| vec![v])
         })?;
         let ch = f.next_channel();
         let p = P::new().t("\"stablehlo.all_reduce\"(").v(self).t(format!(
@@ -123,17 +127,50 @@ impl Func {
     /// input's per-device (local) value and returns per-device results; `out_shardings`
     /// say how those assemble into global results (a replicated result must be equal on
     /// every device). The body is isolated: use only its arguments and values made inside.
-    pub fn manual_computation<F>(
+    ///
+    /// `body` may fail with the caller's own error type `E` (any type an [`HloError`]
+    /// converts into); such an error is returned as is, and the function stays usable.
+    pub fn manual_computation<F, E>(
         &self,
         inputs: &[&Value],
         in_shardings: &[Sharding],
         out_shardings: &[Sharding],
         body: F,
-    ) -> Result<Vec<Value>>
+    ) -> Result<Vec<Value>, E>
     where
-        F: FnOnce(&[Value]) -> Result<Vec<Value>>,
+        F: FnOnce(&[Value]) -> Result<Vec<Value>, E>,
+        E: From<HloError>,
     {
-        let what = "manual_computation";
+        let what = MANUAL;
+        let (mesh, locals) = self.manual_inputs(inputs, in_shardings)?;
+        if mesh.size() == 1 {
+            // XLA does not run the partitioner for one partition, so the Shardy custom calls
+            // a manual computation lowers to would stay unresolved. As JAX does, print the body
+            // inline: on one device local and global values coincide.
+            let ret = self.inline_region(what, 1, inputs, body)?;
+            check_result_count(what, &ret, out_shardings)?;
+            for (i, (v, s)) in ret.iter().zip(out_shardings).enumerate() {
+                s.check(&format!("{what} output {i} ({})", v.ty), &v.ty, &mesh)?;
+            }
+            return Ok(ret);
+        }
+        let spec = RegionSpec {
+            isolated: true,
+            manual: Some(mesh.size()),
+            header: false,
+            terminator: "sdy.return",
+        };
+        let (block, ret) = self.region(what, spec, &locals, body)?;
+        Ok(self.emit_manual(&mesh, inputs, in_shardings, out_shardings, block, &ret)?)
+    }
+
+    /// Checks a manual computation's inputs; returns the mesh and their per-device types.
+    fn manual_inputs(
+        &self,
+        inputs: &[&Value],
+        in_shardings: &[Sharding],
+    ) -> Result<(Mesh, Vec<TensorType>)> {
+        let what = MANUAL;
         let mesh = self.need_mesh(what)?;
         if self.manual_size().is_some() {
             return Err(HloError::Sharding {
@@ -160,48 +197,30 @@ impl Func {
             s.check(&format!("{what} input {i} ({})", v.ty), &v.ty, &mesh)?;
             locals.push(s.local(&v.ty, &mesh));
         }
-        if mesh.size() == 1 {
-            // XLA does not run the partitioner for one partition, so the Shardy custom calls
-            // a manual computation lowers to would stay unresolved. As JAX does, print the body
-            // inline: on one device local and global values coincide.
-            let ret = self.inline_region(what, 1, inputs, body)?;
-            if ret.len() != out_shardings.len() {
-                let got: Vec<TensorType> = ret.iter().map(|v| v.ty.clone()).collect();
-                return Err(HloError::RegionResult {
-                    op: what.into(),
-                    got: join_types(&got),
-                    expected: format!("{} values, one per out_sharding", out_shardings.len()),
-                });
-            }
-            for (i, (v, s)) in ret.iter().zip(out_shardings).enumerate() {
-                s.check(&format!("{what} output {i} ({})", v.ty), &v.ty, &mesh)?;
-            }
-            return Ok(ret);
-        }
-        let spec = RegionSpec {
-            isolated: true,
-            manual: Some(mesh.size()),
-            header: false,
-            terminator: "sdy.return",
-        };
-        let (block, ret) = self.region(what, spec, &locals, body)?;
-        if ret.len() != out_shardings.len() {
-            let got: Vec<TensorType> = ret.iter().map(|v| v.ty.clone()).collect();
-            return Err(HloError::RegionResult {
-                op: what.into(),
-                got: join_types(&got),
-                expected: format!("{} values, one per out_sharding", out_shardings.len()),
-            });
-        }
+        Ok((mesh, locals))
+    }
+
+    /// Appends the `sdy.manual_computation` op over the built body `block`.
+    fn emit_manual(
+        &self,
+        mesh: &Mesh,
+        inputs: &[&Value],
+        in_shardings: &[Sharding],
+        out_shardings: &[Sharding],
+        block: BlockId,
+        ret: &[Value],
+    ) -> Result<Vec<Value>> {
+        let what = MANUAL;
+        check_result_count(what, ret, out_shardings)?;
         let mut globals = Vec::with_capacity(ret.len());
         for (i, (v, s)) in ret.iter().zip(out_shardings).enumerate() {
-            let g = s.global(&v.ty, &mesh);
-            s.check(&format!("{what} output {i} ({})", v.ty), &g, &mesh)?;
+            let g = s.global(&v.ty, mesh);
+            s.check(&format!("{what} output {i} ({})", v.ty), &g, mesh)?;
             globals.push(g);
         }
         let shard_list = |ss: &[Sharding]| {
             ss.iter()
-                .map(|s| s.mlir(&mesh))
+                .map(|s| s.mlir(mesh))
                 .collect::<Vec<_>>()
                 .join(", ")
         };
@@ -221,4 +240,17 @@ impl Func {
             .t(format!(" : {}", fn_type(&in_types, &globals)));
         self.emit(what, inputs, p, &globals)
     }
+}
+
+/// A manual computation returns exactly one value per out_sharding.
+fn check_result_count(what: &str, ret: &[Value], out_shardings: &[Sharding]) -> Result<()> {
+    if ret.len() != out_shardings.len() {
+        let got: Vec<TensorType> = ret.iter().map(|v| v.ty.clone()).collect();
+        return Err(HloError::RegionResult {
+            op: what.into(),
+            got: join_types(&got),
+            expected: format!("{} values, one per out_sharding", out_shardings.len()),
+        });
+    }
+    Ok(())
 }

@@ -1,0 +1,122 @@
+//! Control flow and calls: `while`, counted loops, `func.call`, `optimization_barrier`.
+
+use super::shape_err;
+use crate::builder::error::{HloError, Result};
+use crate::builder::func::{Callee, Func, RegionSpec, Value, P};
+use crate::builder::types::{fn_type, join_types, DType, TensorType};
+
+impl Func {
+    /// `func.call` of a function in the same module (add the callee to the module first).
+    pub fn call(&self, callee: &Callee, args: &[&Value]) -> Result<Vec<Value>> {
+        let op = format!("call @{}", callee.name);
+        let got: Vec<TensorType> = args.iter().map(|v| v.ty.clone()).collect();
+        if got != callee.args {
+            return Err(shape_err(
+                &op,
+                args,
+                format!("@{} takes ({})", callee.name, join_types(&callee.args)),
+            ));
+        }
+        let p = P::new()
+            .t(format!("func.call @{}(", callee.name))
+            .vs(args)
+            .t(format!(") : {}", fn_type(&callee.args, &callee.results)));
+        let out = self.emit(&op, args, p, &callee.results)?;
+        self.record_call(callee);
+        Ok(out)
+    }
+
+    /// `while` over a carried tuple: `cond` maps the carry to an `i1` scalar, `body` maps
+    /// it to the next carry (same types). Both may use values from the enclosing blocks.
+    /// Their error (of any type an [`HloError`] converts into) is returned as is.
+    pub fn while_loop<C, B, E>(&self, init: &[&Value], cond: C, body: B) -> Result<Vec<Value>, E>
+    where
+        C: FnOnce(&[Value]) -> Result<Value, E>,
+        B: FnOnce(&[Value]) -> Result<Vec<Value>, E>,
+        E: From<HloError>,
+    {
+        let tys: Vec<TensorType> = init.iter().map(|v| v.ty.clone()).collect();
+        for v in init {
+            self.check_use("while", v)?;
+        }
+        let spec = || RegionSpec {
+            isolated: false,
+            manual: None,
+            header: true,
+            terminator: "stablehlo.return",
+        };
+        let (cb, cr) = self.region("while", spec(), &tys, |c| cond(c).map(|v| vec![v]))?;
+        let pred = TensorType::scalar(DType::I1);
+        if cr.len() != 1 || cr[0].ty != pred {
+            let got: Vec<TensorType> = cr.iter().map(|v| v.ty.clone()).collect();
+            return Err(HloError::RegionResult {
+                op: "while (cond)".into(),
+                got: join_types(&got),
+                expected: pred.to_string(),
+            }
+            .into());
+        }
+        let (bb, br) = self.region("while", spec(), &tys, body)?;
+        let got: Vec<TensorType> = br.iter().map(|v| v.ty.clone()).collect();
+        if got != tys {
+            return Err(HloError::RegionResult {
+                op: "while (body)".into(),
+                got: join_types(&got),
+                expected: join_types(&tys),
+            }
+            .into());
+        }
+        let p = P::new()
+            .t("\"stablehlo.while\"(")
+            .vs(init)
+            .t(") (")
+            .region(cb)
+            .t(", ")
+            .region(bb)
+            .t(format!(") : {}", fn_type(&tys, &tys)));
+        Ok(self.emit("while", init, p, &tys)?)
+    }
+
+    /// A counted loop: runs `body(i, carry)` for `i` in `lo..hi` (an `i32` scalar) and
+    /// returns the final carry. The body's error (of any type an [`HloError`] converts
+    /// into) is returned as is.
+    pub fn fori_loop<B, E>(
+        &self,
+        lo: i32,
+        hi: i32,
+        init: &[&Value],
+        body: B,
+    ) -> Result<Vec<Value>, E>
+    where
+        B: FnOnce(&Value, &[Value]) -> Result<Vec<Value>, E>,
+        E: From<HloError>,
+    {
+        let i0 = self.scalar(lo)?;
+        let mut all: Vec<&Value> = vec![&i0];
+        all.extend_from_slice(init);
+        let f = self.clone();
+        let g = self.clone();
+        let mut out = self.while_loop(
+            &all,
+            move |c| Ok(c[0].lt(&f.scalar(hi)?)?),
+            move |c| -> Result<Vec<Value>, E> {
+                let next = c[0].add(&g.scalar(1i32)?)?;
+                let mut rest = body(&c[0], &c[1..])?;
+                rest.insert(0, next);
+                Ok(rest)
+            },
+        )?;
+        out.remove(0);
+        Ok(out)
+    }
+
+    /// `optimization_barrier` over several values (returns them unchanged).
+    pub fn optimization_barrier(&self, vals: &[&Value]) -> Result<Vec<Value>> {
+        let tys: Vec<TensorType> = vals.iter().map(|v| v.ty.clone()).collect();
+        let p = P::new()
+            .t("stablehlo.optimization_barrier ")
+            .vs(vals)
+            .t(format!(" : {}", join_types(&tys)));
+        self.emit("optimization_barrier", vals, p, &tys)
+    }
+}
