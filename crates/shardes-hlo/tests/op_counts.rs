@@ -147,7 +147,7 @@ fn op_counts_match_the_text_on_es_and_model_programs() {
                 check(&format!("generation {what}"), &p.module);
                 let p = es.ask_apply_program(&tb, &leaves).unwrap();
                 check(&format!("ask_apply {what}"), &p.module);
-                let p = es.tell_program(&leaves, 1).unwrap();
+                let p = es.tell_program(&tb, &leaves).unwrap();
                 check(&format!("tell {what}"), &p.module);
             }
         }
