@@ -9,9 +9,7 @@
 //! - `how = B`: each device contracts its own members, then one all-reduce per leaf;
 //!   `how = A`: every device regenerates and contracts the whole population.
 
-use std::cell::RefCell;
-
-use crate::builder::{DType, DotDims, HloError, Module, Sharding, TensorType, Value};
+use crate::builder::{DType, DotDims, Module, Sharding, TensorType, Value};
 use crate::nn::{Act, Weight};
 use crate::prng::emit::Keys;
 
@@ -28,41 +26,6 @@ fn dims(lb: &[usize], rb: &[usize], lc: &[usize], rc: &[usize]) -> DotDims {
         rhs_batch: rb.to_vec(),
         lhs_contract: lc.to_vec(),
         rhs_contract: rc.to_vec(),
-    }
-}
-
-/// Carries an [`EsError`] out of a builder region closure (regions can only fail with
-/// [`HloError`]): the closure's error is kept here and returned once the region is built.
-struct Stash(RefCell<Option<EsError>>);
-
-impl Stash {
-    fn new() -> Self {
-        Stash(RefCell::new(None))
-    }
-
-    /// Runs `f` inside a region, stashing its error and handing the builder a summary.
-    fn run<T>(
-        &self,
-        op: &str,
-        f: impl FnOnce() -> Result<T, EsError>,
-    ) -> crate::builder::Result<T> {
-        f().map_err(|e| {
-            let reason = e.to_string();
-            *self.0.borrow_mut() = Some(e);
-            HloError::InvalidAttribute {
-                op: op.into(),
-                types: String::new(),
-                reason,
-            }
-        })
-    }
-
-    /// The region's result, the stashed error first.
-    fn finish<T>(self, r: crate::builder::Result<T>) -> Result<T, EsError> {
-        match self.0.into_inner() {
-            Some(e) => Err(e),
-            None => Ok(r?),
-        }
     }
 }
 
@@ -395,9 +358,11 @@ impl<'a> Emitter<'a> {
         }
         let init_refs: Vec<&Value> = inits.iter().collect();
         let steps = (local / c) as i32;
-        let stash = Stash::new();
-        let out = f.fori_loop(0, steps, &init_refs, |i, carried| {
-            stash.run("apply", || -> Result<Vec<Value>, EsError> {
+        let out = f.fori_loop(
+            0,
+            steps,
+            &init_refs,
+            |i, carried| -> Result<Vec<Value>, EsError> {
                 let start = i.mul(&f.scalar(c as i32)?)?;
                 let ids_c = ids.dynamic_slice(&[&start], &[c])?;
                 let (dirs, signs) = directions(&ids_c, p)?;
@@ -430,9 +395,9 @@ impl<'a> Emitter<'a> {
                     }
                 }
                 Ok(next)
-            })
-        });
-        let mut out = stash.finish(out)?;
+            },
+        );
+        let mut out = out?;
         let kept = match (keep, all) {
             (false, _) => None,
             (true, Some(all)) => Some(all),
@@ -497,9 +462,11 @@ impl<'a> Emitter<'a> {
             .collect::<Result<_, _>>()?;
         let init_refs: Vec<&Value> = inits.iter().collect();
         let steps = (count / p / cd) as i32;
-        let stash = Stash::new();
-        let out = f.fori_loop(0, steps, &init_refs, |i, acc| {
-            stash.run("tell", || -> Result<Vec<Value>, EsError> {
+        let out = f.fori_loop(
+            0,
+            steps,
+            &init_refs,
+            |i, acc| -> Result<Vec<Value>, EsError> {
                 let start = i.mul(&f.scalar(cd as i32)?)?;
                 let dirs = dirs_all.dynamic_slice(&[&start], &[cd])?;
                 let k = coef.dynamic_slice(&[&start], &[cd])?;
@@ -510,9 +477,9 @@ impl<'a> Emitter<'a> {
                     .zip(acc)
                     .map(|(term, u)| Ok(u.add(term)?))
                     .collect()
-            })
-        });
-        stash.finish(out)
+            },
+        );
+        out
     }
 
     /// `ask`: the generation's base key `fold_in(key, generation)` (as u32[2]) and the
@@ -559,18 +526,20 @@ impl<'a> Emitter<'a> {
         for r in ranks.iter().flatten() {
             out_sh.push(Sharding::split(*r, 0)?);
         }
-        let stash = Stash::new();
-        let out = f.manual_computation(&inputs, &in_sh, &out_sh, |loc| {
-            stash.run("apply", || {
+        let out = f.manual_computation(
+            &inputs,
+            &in_sh,
+            &out_sh,
+            |loc| -> Result<Vec<Value>, EsError> {
                 let (ids, key) = (&loc[0], &loc[1]);
                 let (params, batch) = (&loc[2..2 + nl], &loc[2 + nl..]);
                 let (fitness, kept) = self.apply_local(model, ids, key, params, batch, keep)?;
                 let mut out = vec![fitness];
                 out.extend(kept.iter().flatten().flat_map(Noise::values));
                 Ok(out)
-            })
-        });
-        let mut out = stash.finish(out)?;
+            },
+        );
+        let mut out = out?;
         let kept = keep.then(|| noise_from_values(&out[1..], &ranks));
         Ok((out.swap_remove(0), kept))
     }
@@ -619,9 +588,11 @@ impl<'a> Emitter<'a> {
             .map(|l| Sharding::replicated(l.shape.len()))
             .collect();
         let how = self.es.how;
-        let stash = Stash::new();
-        let u = f.manual_computation(&inputs, &in_sh, &out_sh, |loc| {
-            stash.run("tell", || -> Result<Vec<Value>, EsError> {
+        let u = f.manual_computation(
+            &inputs,
+            &in_sh,
+            &out_sh,
+            |loc| -> Result<Vec<Value>, EsError> {
                 let kept = (!ranks.is_empty()).then(|| noise_from_values(&loc[3..], &ranks));
                 let u =
                     self.contract_local(&loc[0], &loc[1], &loc[2], &self.layout.leaves, kept)?;
@@ -629,9 +600,9 @@ impl<'a> Emitter<'a> {
                     How::B => u.iter().map(|v| Ok(v.all_reduce_sum()?)).collect(),
                     How::A => Ok(u),
                 }
-            })
-        });
-        let u = stash.finish(u)?;
+            },
+        );
+        let u = u?;
         let scale = f.scalar(self.es.update_scale())?;
         params
             .iter()
@@ -685,12 +656,9 @@ impl<'a> Emitter<'a> {
         let mut init: Vec<&Value> = params.iter().collect();
         init.push(generation);
         init.push(&fit0);
-        let stash = Stash::new();
-        let out = f.fori_loop(0, steps, &init, |_, c| {
-            stash.run("generations", || {
-                self.one_generation(model, key, &c[..nl], &c[nl], batch)
-            })
+        let out = f.fori_loop(0, steps, &init, |_, c| -> Result<Vec<Value>, EsError> {
+            self.one_generation(model, key, &c[..nl], &c[nl], batch)
         });
-        stash.finish(out)
+        out
     }
 }

@@ -644,10 +644,8 @@ impl Qwen2 {
                     v: carry[3 + 2 * l].clone(),
                 })
                 .collect();
-            let logits = self
-                .forward_impl(&p, &carry[0], &pos0, Some(&mut caches))
-                .map_err(to_hlo)?;
-            let tok = last(&logits, 1).map_err(to_hlo)?;
+            let logits = self.forward_impl(&p, &carry[0], &pos0, Some(&mut caches))?;
+            let tok = last(&logits, 1)?;
             let z = f.scalar(0i32)?;
             let tokens = carry[1].dynamic_update_slice(&tok, &[&z, i])?;
             let mut next = vec![tok, tokens];
@@ -655,22 +653,11 @@ impl Qwen2 {
                 next.push(cache.k);
                 next.push(cache.v);
             }
-            Ok::<_, crate::builder::HloError>(next)
+            Ok::<_, EsError>(next)
         })?;
         f.output(&out[1])?;
         m.add(f.finish()?)?;
         Ok(m)
-    }
-}
-
-fn to_hlo(e: EsError) -> crate::builder::HloError {
-    match e {
-        EsError::Hlo(h) => h,
-        other => crate::builder::HloError::InvalidAttribute {
-            op: "qwen2 decode step".into(),
-            types: String::new(),
-            reason: other.to_string(),
-        },
     }
 }
 
