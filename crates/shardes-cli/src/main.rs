@@ -6,12 +6,13 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 mod bench;
 mod config;
 mod diag;
 mod inspect;
+mod plot;
 mod run;
 mod setup;
 
@@ -39,6 +40,26 @@ enum Command {
     Bench(bench::BenchArgs),
     /// What the generation program costs to build and compile.
     Diag(diag::DiagArgs),
+    /// Draw a run's curves (fitness, ms/gen, held-out eval) as SVG or PNG; runs overlay.
+    Plot(plot::PlotArgs),
+    /// Print a shell completion script to stdout, e.g. `shardes completions bash`.
+    Completions(CompletionsArgs),
+}
+
+/// Arguments of `shardes completions`.
+#[derive(Debug, clap::Args)]
+#[command(after_help = "\
+Install, e.g.: bash: `shardes completions bash > ~/.local/share/bash-completion/completions/shardes`; \
+zsh: `shardes completions zsh > ~/.zfunc/_shardes` (with ~/.zfunc on $fpath); \
+fish: `shardes completions fish > ~/.config/fish/completions/shardes.fish`.")]
+struct CompletionsArgs {
+    /// The shell to complete for.
+    shell: clap_complete::Shell,
+}
+
+fn completions(a: &CompletionsArgs) {
+    let mut cmd = Cli::command();
+    clap_complete::generate(a.shell, &mut cmd, "shardes", &mut std::io::stdout());
 }
 
 fn main() -> ExitCode {
@@ -60,6 +81,11 @@ fn main() -> ExitCode {
         Command::Check(a) => inspect::check(a).map(|n| u8::from(n > 0)),
         Command::Bench(a) => bench::run(a).map(|()| 0),
         Command::Diag(a) => diag::run(a).map(|()| 0),
+        Command::Plot(a) => plot::run(a).map(|()| 0),
+        Command::Completions(a) => {
+            completions(a);
+            Ok(0)
+        }
     };
     match result {
         Ok(code) => ExitCode::from(code),
