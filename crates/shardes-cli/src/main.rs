@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use clap::{CommandFactory, Parser, Subcommand};
 
 mod bench;
+mod completions;
 mod config;
 mod diag;
 mod inspect;
@@ -43,23 +44,7 @@ enum Command {
     /// Draw a run's curves (fitness, ms/gen, held-out eval) as SVG or PNG; runs overlay.
     Plot(plot::PlotArgs),
     /// Print a shell completion script to stdout, e.g. `shardes completions bash`.
-    Completions(CompletionsArgs),
-}
-
-/// Arguments of `shardes completions`.
-#[derive(Debug, clap::Args)]
-#[command(after_help = "\
-Install, e.g.: bash: `shardes completions bash > ~/.local/share/bash-completion/completions/shardes`; \
-zsh: `shardes completions zsh > ~/.zfunc/_shardes` (with ~/.zfunc on $fpath); \
-fish: `shardes completions fish > ~/.config/fish/completions/shardes.fish`.")]
-struct CompletionsArgs {
-    /// The shell to complete for.
-    shell: clap_complete::Shell,
-}
-
-fn completions(a: &CompletionsArgs) {
-    let mut cmd = Cli::command();
-    clap_complete::generate(a.shell, &mut cmd, "shardes", &mut std::io::stdout());
+    Completions(completions::CompletionsArgs),
 }
 
 fn main() -> ExitCode {
@@ -83,7 +68,7 @@ fn main() -> ExitCode {
         Command::Diag(a) => diag::run(a).map(|()| 0),
         Command::Plot(a) => plot::run(a).map(|()| 0),
         Command::Completions(a) => {
-            completions(a);
+            completions::run(a, Cli::command());
             Ok(0)
         }
     };
