@@ -6,7 +6,8 @@
 //! - [`hlo`] builds programs (builder, PRNG, seams, ES, problems);
 //! - [`runtime`] runs them through a PJRT plugin;
 //! - [`trainer`] keeps an ES run's state on the devices and steps it;
-//! - [`io`] reads and writes parameter trees as safetensors.
+//! - [`io`] reads and writes parameter trees as safetensors;
+//! - [`tensorboard`] writes per-generation scalars as TensorBoard event files.
 
 pub use shardes_hlo as hlo;
 pub use shardes_runtime as runtime;
@@ -17,6 +18,7 @@ pub mod io;
 pub mod split;
 mod state;
 pub mod tasks;
+pub mod tensorboard;
 pub mod tokenizer;
 pub mod trainer;
 
