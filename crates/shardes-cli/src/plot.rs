@@ -379,27 +379,39 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
             "pass e.g. curves.svg",
         )
     })?;
-    let tmp = dir.join(format!(".{}.tmp", name.to_string_lossy()));
+    // The pid keeps `shardes plot` and a running `shardes run` off each other's temporary.
+    let tmp = dir.join(format!(
+        ".{}.{}.tmp",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
     let write = || -> std::io::Result<()> {
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(bytes)?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)
     };
-    write().with_context(|| format!("writing {}", path.display()))
+    write()
+        .inspect_err(|_| {
+            let _ = std::fs::remove_file(&tmp);
+        })
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 /// Splits `(x, y)` at missing `y` into drawable runs of points.
 fn segments(points: impl Iterator<Item = (f64, Option<f64>)>) -> Vec<Vec<(f64, f64)>> {
-    let mut out: Vec<Vec<(f64, f64)>> = vec![Vec::new()];
+    let mut out = Vec::new();
+    let mut current = Vec::new();
     for (x, y) in points {
         match y {
-            Some(y) => out.last_mut().map(|s| s.push((x, y))).unwrap_or(()),
-            None if out.last().is_some_and(|s| !s.is_empty()) => out.push(Vec::new()),
+            Some(y) => current.push((x, y)),
+            None if !current.is_empty() => out.push(std::mem::take(&mut current)),
             None => {}
         }
     }
-    out.retain(|s| !s.is_empty());
+    if !current.is_empty() {
+        out.push(current);
+    }
     out
 }
 
@@ -421,8 +433,6 @@ fn range(values: impl Iterator<Item = f64>, fallback: (f64, f64)) -> (f64, f64) 
     (lo - pad, hi + pad)
 }
 
-type DrawResult<T> = Result<T>;
-
 type Chart<'a, DB> = ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
 
 fn err<E: std::fmt::Display>(e: E) -> anyhow::Error {
@@ -433,7 +443,7 @@ fn draw<DB: DrawingBackend>(
     root: &DrawingArea<DB, Shift>,
     runs: &[Run],
     with_eval: bool,
-) -> DrawResult<()> {
+) -> Result<()> {
     root.fill(&WHITE).map_err(err)?;
     let panels = root.split_evenly((if with_eval { 3 } else { 2 }, 1));
     let last_gen = runs
@@ -460,7 +470,7 @@ fn chart<'a, DB: DrawingBackend>(
     xs: std::ops::Range<f64>,
     ys: (f64, f64),
     y_desc: &str,
-) -> DrawResult<Chart<'a, DB>> {
+) -> Result<Chart<'a, DB>> {
     let mut chart = ChartBuilder::on(area)
         .caption(title, (FONT, 20))
         .margin(12)
@@ -496,7 +506,7 @@ fn draw_line<'a, DB: DrawingBackend + 'a>(
     style: ShapeStyle,
     dashed: bool,
     label: Option<String>,
-) -> DrawResult<()> {
+) -> Result<()> {
     let mut label = label;
     for seg in points {
         let anno = if seg.len() == 1 {
@@ -525,7 +535,7 @@ fn draw_line<'a, DB: DrawingBackend + 'a>(
     Ok(())
 }
 
-fn legend<'a, DB: DrawingBackend + 'a>(chart: &mut Chart<'a, DB>) -> DrawResult<()> {
+fn legend<'a, DB: DrawingBackend + 'a>(chart: &mut Chart<'a, DB>) -> Result<()> {
     chart
         .configure_series_labels()
         .position(SeriesLabelPosition::UpperRight)
@@ -540,7 +550,7 @@ fn draw_fitness<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     runs: &[Run],
     xs: std::ops::Range<f64>,
-) -> DrawResult<()> {
+) -> Result<()> {
     let ys = range(
         runs.iter().flat_map(|r| {
             r.gens
@@ -594,7 +604,7 @@ fn draw_ms<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     runs: &[Run],
     xs: std::ops::Range<f64>,
-) -> DrawResult<()> {
+) -> Result<()> {
     let (_, hi) = range(
         runs.iter().flat_map(|r| r.gens.iter().filter_map(|g| g.ms)),
         (0.0, 1.0),
@@ -611,7 +621,7 @@ fn draw_eval<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     runs: &[Run],
     xs: std::ops::Range<f64>,
-) -> DrawResult<()> {
+) -> Result<()> {
     let ys = range(
         runs.iter().flat_map(|r| {
             r.evals
