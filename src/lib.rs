@@ -7,7 +7,8 @@
 //! - [`runtime`] runs them through a PJRT plugin;
 //! - [`problem`] turns a problem description into a model, parameters, a batch and a key;
 //! - [`trainer`] keeps an ES run's state on the devices and steps it;
-//! - [`io`] reads and writes parameter trees as safetensors.
+//! - [`io`] reads and writes parameter trees as safetensors;
+//! - [`tensorboard`] writes per-generation scalars as TensorBoard event files.
 //!
 //! The default feature `models` adds Hugging Face checkpoints (`hf`), tokenizers
 //! (`tokenizer`) and the Qwen2 problem (`problem::qwen2`); without it the core does not
@@ -26,6 +27,7 @@ pub mod rundir;
 pub mod split;
 mod state;
 pub mod tasks;
+pub mod tensorboard;
 #[cfg(feature = "models")]
 pub mod tokenizer;
 pub mod trainer;

@@ -6,12 +6,14 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 mod bench;
+mod completions;
 mod config;
 mod diag;
 mod inspect;
+mod plot;
 mod run;
 mod setup;
 
@@ -39,6 +41,10 @@ enum Command {
     Bench(bench::BenchArgs),
     /// What the generation program costs to build and compile.
     Diag(diag::DiagArgs),
+    /// Draw a run's curves (fitness, ms/gen, held-out eval) as SVG or PNG; runs overlay.
+    Plot(plot::PlotArgs),
+    /// Print a shell completion script to stdout, e.g. `shardes completions bash`.
+    Completions(completions::CompletionsArgs),
 }
 
 fn main() -> ExitCode {
@@ -60,6 +66,11 @@ fn main() -> ExitCode {
         Command::Check(a) => inspect::check(a).map(|n| u8::from(n > 0)),
         Command::Bench(a) => bench::run(a).map(|()| 0),
         Command::Diag(a) => diag::run(a).map(|()| 0),
+        Command::Plot(a) => plot::run(a).map(|()| 0),
+        Command::Completions(a) => {
+            completions::run(a, Cli::command());
+            Ok(0)
+        }
     };
     match result {
         Ok(code) => ExitCode::from(code),

@@ -358,7 +358,7 @@ impl<'a> Emitter<'a> {
         }
         let init_refs: Vec<&Value> = inits.iter().collect();
         let steps = (local / c) as i32;
-        let out = f.fori_loop(
+        let mut out = f.fori_loop(
             0,
             steps,
             &init_refs,
@@ -396,8 +396,7 @@ impl<'a> Emitter<'a> {
                 }
                 Ok(next)
             },
-        );
-        let mut out = out?;
+        )?;
         let kept = match (keep, all) {
             (false, _) => None,
             (true, Some(all)) => Some(all),
@@ -526,7 +525,7 @@ impl<'a> Emitter<'a> {
         for r in ranks.iter().flatten() {
             out_sh.push(Sharding::split(*r, 0)?);
         }
-        let out = f.manual_computation(
+        let mut out = f.manual_computation(
             &inputs,
             &in_sh,
             &out_sh,
@@ -538,8 +537,7 @@ impl<'a> Emitter<'a> {
                 out.extend(kept.iter().flatten().flat_map(Noise::values));
                 Ok(out)
             },
-        );
-        let mut out = out?;
+        )?;
         let kept = keep.then(|| noise_from_values(&out[1..], &ranks));
         Ok((out.swap_remove(0), kept))
     }
@@ -601,8 +599,7 @@ impl<'a> Emitter<'a> {
                     How::A => Ok(u),
                 }
             },
-        );
-        let u = u?;
+        )?;
         let scale = f.scalar(self.es.update_scale())?;
         params
             .iter()
@@ -656,9 +653,8 @@ impl<'a> Emitter<'a> {
         let mut init: Vec<&Value> = params.iter().collect();
         init.push(generation);
         init.push(&fit0);
-        let out = f.fori_loop(0, steps, &init, |_, c| -> Result<Vec<Value>, EsError> {
+        f.fori_loop(0, steps, &init, |_, c| -> Result<Vec<Value>, EsError> {
             self.one_generation(model, key, &c[..nl], &c[nl], batch)
-        });
-        out
+        })
     }
 }
