@@ -18,13 +18,14 @@ use std::time::Instant;
 
 use serde::Serialize;
 use shardes_hlo::builder::{DotDims, Mesh, Module, Sharding, TensorType};
-use shardes_hlo::es::{leaf_infos, EsError, How, LeafInfo, Model, Noise, Program, ShardedES};
+use shardes_hlo::es::{leaf_infos, EsError, Layout, LeafInfo, Model, Noise, Program, ShardedES};
 use shardes_hlo::params::{Array, ParamTree};
 use shardes_hlo::prng::emit::Keys;
 use shardes_hlo::prng::Key;
 use shardes_hlo::problems::transformer_block::TransformerBlock;
 use shardes_runtime::{gather_rows, Buffer, Client, CompileOptions, Executable};
 
+use crate::state::DeviceState;
 use crate::{Error, Trainer};
 
 /// What to measure and how long.
@@ -225,48 +226,31 @@ fn ms_since(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e3
 }
 
-fn how_name(h: How) -> String {
-    match h {
-        How::A => "A".into(),
-        How::B => "B".into(),
-    }
-}
-
 /// A compiled program with replicated, non-donated inputs, dispatched repeatedly.
 struct Fixed {
     exe: Executable,
-    /// `[device][arg]`.
-    args: Vec<Vec<Buffer>>,
+    /// The inputs on the devices, in the program's layout.
+    state: DeviceState,
 }
 
 impl Fixed {
-    /// One dispatch; copies output `out` of every device to the host (synchronises).
-    fn run(&self, out: usize) -> Result<(), Error> {
-        let args: Vec<Vec<&Buffer>> = self.args.iter().map(|a| a.iter().collect()).collect();
+    /// One dispatch; copies the fitness of every device to the host (synchronises).
+    fn run(&self) -> Result<(), Error> {
+        let layout = &self.state.layout;
+        let out = layout.fitness_result().ok_or_else(|| {
+            Error::Invalid(format!(
+                "the {} program returns no fitness",
+                layout.kind.name()
+            ))
+        })?;
+        let args = (0..self.state.devices())
+            .map(|d| self.state.args_for(layout, d, None))
+            .collect::<Result<Vec<_>, Error>>()?;
         let mut outs = self.exe.execute(&args)?;
         let shards: Vec<Buffer> = outs.iter_mut().map(|o| o.swap_remove(out)).collect();
         gather_rows::<f32>(&shards)?;
         Ok(())
     }
-}
-
-fn replicate_all(
-    client: &Client,
-    arrays: &[(&[f32], Vec<usize>)],
-    devices: usize,
-) -> Result<Vec<Vec<Buffer>>, Error> {
-    let mut per_dev: Vec<Vec<Buffer>> = (0..devices).map(|_| Vec::new()).collect();
-    for (data, dims) in arrays {
-        for (d, b) in client
-            .replicate(data, dims)?
-            .into_iter()
-            .enumerate()
-            .take(devices)
-        {
-            per_dev[d].push(b);
-        }
-    }
-    Ok(per_dev)
 }
 
 /// The inference program (zero noise, same chunking and sharding) with its inputs.
@@ -283,13 +267,33 @@ fn ask_apply(input: &BenchInput, es: &ShardedES) -> Result<(Fixed, f64, f64), Er
     })
 }
 
-/// Builds, emits and compiles a program taking `(params…, key, generation, batch…)`, and
-/// replicates those inputs; returns it with its emission and compile times (ms).
+/// Builds, emits and compiles a program and uploads its inputs in its layout; returns it
+/// with its emission and compile times (ms).
 fn fixed_program(
     input: &BenchInput,
     es: &ShardedES,
     build: impl FnOnce(&[LeafInfo]) -> Result<Program, EsError>,
 ) -> Result<(Fixed, f64, f64), Error> {
+    let (exe, layout, emit, compile) = compiled(input, es, build)?;
+    let state = DeviceState::upload(
+        input.client,
+        es.devices(),
+        layout,
+        input.params,
+        input.key,
+        input.batch,
+        0,
+    )?;
+    Ok((Fixed { exe, state }, emit, compile))
+}
+
+/// Builds, emits and compiles a program: the executable, its layout, and the emission and
+/// compile times (ms).
+fn compiled(
+    input: &BenchInput,
+    es: &ShardedES,
+    build: impl FnOnce(&[LeafInfo]) -> Result<Program, EsError>,
+) -> Result<(Executable, Layout, f64, f64), Error> {
     let t0 = Instant::now();
     let program = build(&leaf_infos(input.params))?;
     let mlir = program.module.to_mlir();
@@ -298,23 +302,7 @@ fn fixed_program(
     let exe = input
         .client
         .compile(&mlir, &CompileOptions::new(es.devices()))?;
-    let compile = ms_since(t1);
-    let devices = es.devices();
-    let mut args: Vec<Vec<Buffer>> = (0..devices).map(|_| Vec::new()).collect();
-    let mut push = |bufs: Vec<Buffer>| {
-        for (d, b) in bufs.into_iter().enumerate().take(devices) {
-            args[d].push(b);
-        }
-    };
-    for (_, a) in input.params.leaves() {
-        push(input.client.replicate(a.data(), a.shape())?);
-    }
-    push(input.client.replicate(&input.key.data(), &[2])?);
-    push(input.client.replicate(&[0u32], &[])?);
-    for a in input.batch {
-        push(input.client.replicate(a.data(), a.shape())?);
-    }
-    Ok((Fixed { exe, args }, emit, compile))
+    Ok((exe, program.layout, emit, ms_since(t1)))
 }
 
 /// The best f32 GEMM rate (GFLOP/s) over `reps` dispatches of a per-device
@@ -364,103 +352,53 @@ pub fn gemm_peak_gflops(
     for (x, y) in a_shards.into_iter().zip(b_rep) {
         args.push(vec![x, y]);
     }
-    let fixed = Fixed { exe, args };
-    fixed.run(0)?;
+    let run = || -> Result<(), Error> {
+        let refs: Vec<Vec<&Buffer>> = args.iter().map(|a| a.iter().collect()).collect();
+        let mut outs = exe.execute(&refs)?;
+        let shards: Vec<Buffer> = outs.iter_mut().map(|o| o.swap_remove(0)).collect();
+        gather_rows::<f32>(&shards)?;
+        Ok(())
+    };
+    run()?;
     let flops = 2.0 * (m as f64).powi(3) * devices as f64;
     let mut best = 0.0f64;
     for _ in 0..reps.max(1) {
         let t = Instant::now();
-        fixed.run(0)?;
+        run()?;
         best = best.max(flops / t.elapsed().as_secs_f64() / 1e9);
     }
     Ok(best)
 }
 
 /// Host overhead: a program with the generation's arguments, donation and results that
-/// does no work (parameters passed through, generation + 1, zero fitness), dispatched
-/// back to back; the time per dispatch is what the host and the runtime cost.
+/// does no work ([`ShardedES::noop_program`]), dispatched back to back on a device state
+/// like the trainer's; the time per dispatch is what the host and the runtime cost.
 fn host_overhead(input: &BenchInput, es: &ShardedES, dispatches: usize) -> Result<Stats, Error> {
-    let leaves = leaf_infos(input.params);
-    let devices = es.devices();
-    let mut module = Module::with_mesh("noop", Mesh::pop(devices as i64)?);
-    let f = module.func("main");
-    let mut params = Vec::new();
-    for (j, l) in leaves.iter().enumerate() {
-        params.push(f.arg_donated(
-            &l.path,
-            TensorType::f32(&l.shape),
-            &Sharding::replicated(l.shape.len()),
-            j,
-        )?);
-    }
-    f.arg_sharded("key", TensorType::u32(&[2]), &Sharding::replicated(1))?;
-    let generation = f.arg_donated(
-        "generation",
-        TensorType::scalar(shardes_hlo::builder::DType::U32),
-        &Sharding::replicated(0),
-        leaves.len(),
+    let (exe, layout, _, _) = compiled(input, es, |leaves| es.noop_program(input.model, leaves))?;
+    let mut state = DeviceState::upload(
+        input.client,
+        es.devices(),
+        layout.clone(),
+        input.params,
+        input.key,
+        input.batch,
+        0,
     )?;
-    for (name, ty) in input.model.batch_types() {
-        f.arg_sharded(&name, ty.clone(), &Sharding::replicated(ty.rank()))?;
-    }
-    for (p, l) in params.iter().zip(&leaves) {
-        // An identity would be aliased away entirely; adding zero keeps one pass over
-        // the parameters, as a real generation's update has.
-        let z = p.add(&f.full(0.0f32, &l.shape)?)?;
-        f.output_sharded(&z, &Sharding::replicated(l.shape.len()))?;
-    }
-    f.output_sharded(&generation.add(&f.scalar(1u32)?)?, &Sharding::replicated(0))?;
-    let fit = f
-        .full(0.0f32, &[es.n() as i64])?
-        .shard(&Sharding::split(1, 0)?)?;
-    f.output_sharded(&fit, &Sharding::split(1, 0)?)?;
-    module.add(f.finish()?)?;
-    let exe = input
-        .client
-        .compile(&module.to_mlir(), &CompileOptions::new(devices))?;
-    let mut arrays: Vec<(&[f32], Vec<usize>)> = Vec::new();
-    let leaves_host = input.params.leaves();
-    for (_, a) in &leaves_host {
-        arrays.push((a.data(), a.shape().to_vec()));
-    }
-    let mut state = replicate_all(input.client, &arrays, devices)?;
-    let key = input.client.replicate(&input.key.data(), &[2])?;
-    let mut gens = input.client.replicate(&[0u32], &[])?;
-    let batch_arrays: Vec<(&[f32], Vec<usize>)> = input
-        .batch
-        .iter()
-        .map(|a| (a.data(), a.shape().to_vec()))
-        .collect();
-    let batch = replicate_all(input.client, &batch_arrays, devices)?;
-    let nl = leaves.len();
     let mut samples = Vec::new();
     // Timed in blocks so that one sample is not a single sub-millisecond call.
     let block = 10usize;
     for round in 0..(dispatches / block).max(1) + 1 {
         let t = Instant::now();
         for _ in 0..block {
-            let args: Vec<Vec<&Buffer>> = (0..devices)
-                .map(|d| {
-                    let mut a: Vec<&Buffer> = state[d].iter().collect();
-                    a.push(&key[d]);
-                    a.push(&gens[d]);
-                    a.extend(batch[d].iter());
-                    a
-                })
-                .collect();
+            let args = (0..state.devices())
+                .map(|d| state.args_for(&layout, d, None))
+                .collect::<Result<Vec<_>, Error>>()?;
             let outs = exe.execute(&args)?;
-            for (d, mut out) in outs.into_iter().enumerate() {
-                out.pop();
-                let g = out
-                    .pop()
-                    .ok_or_else(|| Error::Invalid("no-op program returned no generation".into()))?;
-                out.truncate(nl);
-                state[d] = out;
-                gens[d] = g;
-            }
+            drop(args);
+            state.absorb_for(&layout, outs, 1)?;
         }
         // One scalar read synchronises the block.
-        gens[0].to_host::<u32>()?;
+        state.sync()?;
         if round > 0 {
             samples.push(ms_since(t) / block as f64);
         }
@@ -484,7 +422,7 @@ pub fn run(
     let mut variants = Vec::new();
     for es in &input.variants {
         progress(
-            &format!("compiling generation (how {})", how_name(es.how())),
+            &format!("compiling generation (how {})", es.how().to_string()),
             0,
             1,
         );
@@ -505,7 +443,7 @@ pub fn run(
             .map(|m| m.temp_size_in_bytes)
             .unwrap_or(0);
         variants.push(VariantReport {
-            how: how_name(es.how()),
+            how: es.how().to_string(),
             emit_ms: times.emit_ms,
             compile_ms: times.compile_ms,
             generations_per_dispatch: k,
@@ -526,8 +464,8 @@ pub fn run(
         for t in &mut trainers {
             t.step()?;
         }
-        inf.run(0)?;
-        apply.run(0)?;
+        inf.run()?;
+        apply.run()?;
         progress("warm-up", w + 1, options.warmup);
     }
     let mut gen_samples: Vec<Vec<f64>> = vec![Vec::new(); trainers.len()];
@@ -540,10 +478,10 @@ pub fn run(
             s.push(ms_since(t0) / k as f64);
         }
         let t0 = Instant::now();
-        inf.run(0)?;
+        inf.run()?;
         inf_samples.push(ms_since(t0));
         let t0 = Instant::now();
-        apply.run(0)?;
+        apply.run()?;
         apply_samples.push(ms_since(t0));
         progress("timing", r + 1, options.rounds);
     }
@@ -590,39 +528,4 @@ pub fn run(
         host_overhead_ms: overhead,
         peak_rss_bytes: peak_rss_bytes(),
     })
-}
-
-/// Operation counts by kind in a program's MLIR text (`stablehlo.dot_general`,
-/// `sdy.manual_computation`, ...), counting every op in every region. Compile cost
-/// follows this count, so it is what must stay flat when only sizes change.
-pub fn op_counts(mlir: &str) -> std::collections::BTreeMap<String, usize> {
-    let mut counts = std::collections::BTreeMap::new();
-    for line in mlir.lines() {
-        let body = match line.find(" = ") {
-            Some(i) => &line[i + 3..],
-            None => line.trim_start(),
-        };
-        let body = body.trim_start().trim_start_matches('"');
-        let name: String = body
-            .chars()
-            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '.')
-            .collect();
-        if let Some((dialect, _)) = name.split_once('.') {
-            if matches!(dialect, "stablehlo" | "sdy" | "func" | "chlo" | "mhlo") {
-                *counts.entry(name).or_insert(0) += 1;
-            }
-        }
-    }
-    counts
-}
-
-/// Instructions of the optimized (partitioned) HLO by opcode.
-pub fn hlo_opcode_counts(
-    module: &shardes_runtime::HloModule,
-) -> std::collections::BTreeMap<String, usize> {
-    let mut counts = std::collections::BTreeMap::new();
-    for i in module.instructions() {
-        *counts.entry(i.opcode.clone()).or_insert(0) += 1;
-    }
-    counts
 }

@@ -181,30 +181,6 @@ impl DeviceState {
         Ok(self.take(results, advance))
     }
 
-    /// trainer.rs's form of [`DeviceState::args_for`] for the stored layout (the lead moves
-    /// trainer.rs over): `upload` built every device's list once, so the empty fallback is
-    /// never taken.
-    pub(crate) fn args(&self, d: usize, _with_batch: bool) -> Vec<&Buffer> {
-        self.args_for(&self.layout, d, None).unwrap_or_default()
-    }
-
-    /// trainer.rs's form of [`DeviceState::absorb_for`] for the stored layout: the fitness
-    /// result of each device, as a list (the layout knows there is one, so `_extra` is
-    /// not needed).
-    pub(crate) fn absorb(
-        &mut self,
-        outs: Vec<Vec<Buffer>>,
-        _extra: usize,
-        advance: u32,
-    ) -> Result<Vec<Vec<Buffer>>, Error> {
-        let results = split_all(&self.layout, outs)?;
-        Ok(self
-            .take(results, advance)
-            .into_iter()
-            .map(|f| f.into_iter().collect())
-            .collect())
-    }
-
     fn take(&mut self, results: Vec<DeviceResults>, advance: u32) -> Vec<Option<Buffer>> {
         let mut fitness = Vec::with_capacity(results.len());
         for (d, (params, generation, fit)) in results.into_iter().enumerate() {
@@ -214,6 +190,12 @@ impl DeviceState {
         }
         self.generation_host += advance;
         fitness
+    }
+
+    /// Waits for the last dispatch by reading device 0's generation (one scalar).
+    pub(crate) fn sync(&self) -> Result<(), Error> {
+        self.generation[0].to_host::<u32>()?;
+        Ok(())
     }
 
     /// Copies the parameters back to the host (from device 0; every device holds the same).

@@ -131,16 +131,17 @@ impl Trainer {
 
     /// Executes the program on the current state (the state buffers are donated).
     fn dispatch(&self) -> Result<Vec<Vec<Buffer>>, Error> {
-        let args: Vec<Vec<&Buffer>> = (0..self.state.devices())
-            .map(|d| self.state.args(d, true))
-            .collect();
+        let args = (0..self.state.devices())
+            .map(|d| self.state.args_for(&self.state.layout, d, None))
+            .collect::<Result<Vec<_>, Error>>()?;
         Ok(self.exe.execute(&args)?)
     }
 
     fn absorb(&mut self, outs: Vec<Vec<Buffer>>) -> Result<Vec<f32>, Error> {
+        let layout = self.state.layout.clone();
         let fitness: Vec<Buffer> = self
             .state
-            .absorb(outs, 1, self.per_dispatch)?
+            .absorb_for(&layout, outs, self.per_dispatch)?
             .into_iter()
             .flatten()
             .collect();

@@ -3,7 +3,6 @@
 //! quickstart's generation program is the same at r = 1, 4 and 16, and the count is a real
 //! one (it sees the program's dots and its PRNG).
 
-use shardes::bench::op_counts;
 use shardes::hlo::es::strategy::{LowRank, Mirrored};
 use shardes::hlo::es::{leaf_infos, ShardedES};
 use shardes::hlo::prng::key;
@@ -21,7 +20,7 @@ fn ops_at_rank(r: usize) -> std::collections::BTreeMap<String, usize> {
     )
     .unwrap();
     let program = es.generation_program(&tb, &leaf_infos(&params)).unwrap();
-    op_counts(&program.module.to_mlir())
+    program.module.op_counts()
 }
 
 #[test]
@@ -42,20 +41,6 @@ fn emitted_op_count_is_flat_in_rank() {
     }
 }
 
-#[test]
-fn op_counts_reads_results_and_bare_ops() {
-    let text = "func.func @main(%a: tensor<2xf32>) -> tensor<2xf32> {\n  \
-                %0 = stablehlo.add %a, %a : tensor<2xf32>\n  \
-                %1 = \"stablehlo.all_reduce\"(%0) ({\n  \
-                stablehlo.return %0 : tensor<2xf32>\n  }) : (tensor<2xf32>) -> tensor<2xf32>\n  \
-                return %1 : tensor<2xf32>\n}\n";
-    let c = op_counts(text);
-    assert_eq!(c.get("stablehlo.add"), Some(&1));
-    assert_eq!(c.get("stablehlo.all_reduce"), Some(&1));
-    assert_eq!(c.get("stablehlo.return"), Some(&1));
-    assert_eq!(c.get("func.func"), Some(&1));
-}
-
 fn qwen2_ops(layers: usize) -> usize {
     use shardes::hlo::problems::qwen2::{Qwen2, Qwen2Config};
     let mut cfg = Qwen2Config::tiny();
@@ -72,7 +57,7 @@ fn qwen2_ops(layers: usize) -> usize {
     let program = es
         .generation_program(&Qwen2::new(cfg, 2, 4), &leaf_infos(&params))
         .unwrap();
-    op_counts(&program.module.to_mlir()).values().sum()
+    program.module.op_counts().values().sum()
 }
 
 #[test]

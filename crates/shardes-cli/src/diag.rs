@@ -10,7 +10,6 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
-use shardes::bench::{hlo_opcode_counts, op_counts};
 use shardes::hlo::es::spec::StrategySpec;
 use shardes::hlo::es::{leaf_infos, Model, ShardedES};
 use shardes::hlo::params::ParamTree;
@@ -101,7 +100,7 @@ fn measure(
     let exe = client.compile(&mlir, &CompileOptions::new(es.devices()))?;
     let compile_ms = t1.elapsed().as_secs_f64() * 1e3;
     let hlo = exe.optimized_hlo()?;
-    let by_op = hlo_opcode_counts(&hlo);
+    let by_op = hlo.opcode_counts();
     let collectives = by_op
         .iter()
         .filter(|(k, _)| {
@@ -110,7 +109,7 @@ fn measure(
         .map(|(k, v)| (k.clone(), *v))
         .collect();
     let mem = exe.compiled_memory_stats().unwrap_or_default();
-    let emitted = op_counts(&mlir);
+    let emitted = program.module.op_counts();
     Ok(DiagEntry {
         strategy: es.strategy().name(),
         layers,
