@@ -421,11 +421,7 @@ pub fn run(
     let mut trainers = Vec::new();
     let mut variants = Vec::new();
     for es in &input.variants {
-        progress(
-            &format!("compiling generation (how {})", es.how().to_string()),
-            0,
-            1,
-        );
+        progress(&format!("compiling generation (how {})", es.how()), 0, 1);
         let t = Trainer::with_generations_per_dispatch(
             input.client,
             es,

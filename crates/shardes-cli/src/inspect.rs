@@ -1,4 +1,8 @@
 //! `shardes hlo`, `shardes devices` and `shardes check`: look at a run without running it.
+//!
+//! Their output is the product: a reader that closes the pipe early (`| head`) ends the
+//! command quietly with its normal exit code; any other write error (`> /dev/full`) is a
+//! failure, exit 1 (see [`crate::out`]).
 
 use std::path::PathBuf;
 
@@ -7,6 +11,7 @@ use shardes::hlo::es::{check_model, leaf_infos};
 use shardes::runtime::CompileOptions;
 
 use crate::config::Config;
+use crate::out::{outln, Stdout};
 use crate::setup;
 
 /// Arguments of `shardes hlo`.
@@ -57,9 +62,10 @@ pub fn hlo(args: &HloArgs) -> Result<()> {
         config.plugin = Some(p.clone());
     }
     let mlir = generation_mlir(&config)?;
+    let mut out = Stdout::new();
     if !args.optimized {
-        print!("{mlir}");
-        return Ok(());
+        out.text(&mlir);
+        return out.finish();
     }
     let client = setup::client(&config)?;
     let exe = client
@@ -68,9 +74,11 @@ pub fn hlo(args: &HloArgs) -> Result<()> {
     let module = exe
         .optimized_hlo()
         .context("reading XLA's optimized program")?;
-    println!(
+    outln!(
+        out,
         "// {}: optimized for {} partitions; shapes are per device",
-        module.name, config.devices
+        module.name,
+        config.devices
     );
     for comp in &module.computations {
         let entry = if comp.name == module.entry {
@@ -78,13 +86,16 @@ pub fn hlo(args: &HloArgs) -> Result<()> {
         } else {
             ""
         };
-        println!("computation {}{entry} {{", comp.name);
-        for inst in &comp.instructions {
-            println!("  {} = {inst}", inst.name);
+        if !out.ok() {
+            break;
         }
-        println!("}}");
+        outln!(out, "computation {}{entry} {{", comp.name);
+        for inst in &comp.instructions {
+            outln!(out, "  {} = {inst}", inst.name);
+        }
+        outln!(out, "}}");
     }
-    Ok(())
+    out.finish()
 }
 
 /// Runs `shardes devices`.
@@ -92,21 +103,23 @@ pub fn devices(args: &DevicesArgs) -> Result<()> {
     let client = setup::client_for(args.plugin.as_deref(), args.devices)?;
     let plugin = client.plugin();
     let (major, minor) = plugin.api_version();
-    println!("plugin     {}", plugin.path().display());
-    println!("platform   {}", client.platform_name());
-    println!("pjrt api   {major}.{minor}");
+    let mut out = Stdout::new();
+    outln!(out, "plugin     {}", plugin.path().display());
+    outln!(out, "platform   {}", client.platform_name());
+    outln!(out, "pjrt api   {major}.{minor}");
     let or_unknown = |v: Option<String>| v.unwrap_or_else(|| "(not reported)".into());
-    println!("xla        {}", or_unknown(plugin.xla_version()));
-    println!(
+    outln!(out, "xla        {}", or_unknown(plugin.xla_version()));
+    outln!(
+        out,
         "stablehlo  {} (minimum {})",
         or_unknown(plugin.stablehlo_current_version()),
         or_unknown(plugin.stablehlo_minimum_version())
     );
-    println!("devices    {}", client.device_count());
+    outln!(out, "devices    {}", client.device_count());
     for d in client.devices() {
-        println!("  {:>3}  {:<6} {}", d.id, d.kind, d.description);
+        outln!(out, "  {:>3}  {:<6} {}", d.id, d.kind, d.description);
     }
-    Ok(())
+    out.finish()
 }
 
 /// Runs `shardes check`; returns the number of findings.
@@ -115,17 +128,20 @@ pub fn check(args: &CheckArgs) -> Result<usize> {
     let (_, p) = setup::problem(&config)?;
     let leaves = leaf_infos(&p.params);
     let findings = check_model(&*p.model, &leaves).context("tracing the model")?;
+    let mut out = Stdout::new();
     if findings.is_empty() {
-        println!(
+        outln!(
+            out,
             "ok: {} reads all {} leaves, every 2-D leaf through a seam",
             config.problem.name(),
             leaves.len()
         );
     } else {
         for f in &findings {
-            println!("{}: {}", f.path, f.message);
+            outln!(out, "{}: {}", f.path, f.message);
         }
-        println!("{} finding(s)", findings.len());
+        outln!(out, "{} finding(s)", findings.len());
     }
+    out.finish()?;
     Ok(findings.len())
 }

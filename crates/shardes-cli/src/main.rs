@@ -1,28 +1,37 @@
 //! The `shardes` command: run, inspect and benchmark sharded evolution strategies.
 //!
-//! Exit codes: 0 success; 1 a failure (with its causes); 2 a usage or configuration error the
-//! user can fix (one line saying what is wrong, one hint saying how); 130 interrupted by
-//! Ctrl-C after writing a checkpoint. `shardes check` exits 1 when it has findings.
+//! Exit codes: 0 success; 1 a failure (with its causes; a run that diverged); 2 a usage or
+//! configuration error the user can fix (one line saying what is wrong, one hint saying how);
+//! 128 + the signal for a run stopped by a signal after writing its checkpoint: 130 after
+//! Ctrl-C (SIGINT), 143 after SIGTERM, 129 after SIGHUP. `shardes check` exits 1 when it has
+//! findings. Output errors never panic (see [`out`]).
 
 use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
+use shardes::runtime::RuntimeError;
 
 mod bench;
 mod completions;
 mod config;
 mod diag;
 mod inspect;
+mod out;
 mod plot;
 mod run;
 mod setup;
 
 use config::ConfigError;
+use out::{errln, Failure};
 
 /// Sharded evolution strategies on XLA.
 #[derive(Debug, Parser)]
 #[command(name = "shardes", version, about, long_about = None)]
 struct Cli {
+    /// Show the PJRT plugin's (XLA's) informational log lines, hidden by default
+    /// (`SHARDES_LOG=error|warning|info|debug` overrides this either way).
+    #[arg(short, long, global = true)]
+    verbose: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -47,6 +56,47 @@ enum Command {
     Completions(completions::CompletionsArgs),
 }
 
+/// The user error a runtime error stands for, if it is one: the fix is in the config.
+fn runtime_user_error(e: &RuntimeError) -> Option<ConfigError> {
+    match e {
+        RuntimeError::TooManyDevices { requested, max } => Some(ConfigError::new(
+            format!(
+                "devices = {requested}: the CPU plugin simulates at most {max} devices (its \
+                 collectives would wait forever with more)"
+            ),
+            format!("lower `devices` in the config (or `--devices`) to at most {max}"),
+        )),
+        _ => None,
+    }
+}
+
+/// Prints `e` and returns the exit code: 2 for a user error, 1 otherwise.
+fn report(e: &anyhow::Error) -> u8 {
+    for cause in e.chain() {
+        if let Some(user) = cause.downcast_ref::<ConfigError>() {
+            errln!("error: {user}");
+            return 2;
+        }
+        // `shardes::Error` is transparent: its `source` skips the runtime error it holds.
+        let runtime = cause.downcast_ref::<RuntimeError>().or_else(|| {
+            match cause.downcast_ref::<shardes::Error>() {
+                Some(shardes::Error::Runtime(r)) => Some(r),
+                _ => None,
+            }
+        });
+        if let Some(user) = runtime.and_then(runtime_user_error) {
+            errln!("error: {user}");
+            return 2;
+        }
+        if let Some(failure) = cause.downcast_ref::<Failure>() {
+            errln!("error: {failure}");
+            return 1;
+        }
+    }
+    errln!("error: {e:#}");
+    1
+}
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(c) => c,
@@ -56,11 +106,10 @@ fn main() -> ExitCode {
             return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
         }
     };
+    // Before any client exists: XLA reads its log level when the plugin is first opened.
+    shardes::runtime::plugin::set_verbose(cli.verbose);
     let result = match &cli.command {
-        Command::Run(a) => run::run(a).map(|o| match o {
-            run::Outcome::Finished => 0,
-            run::Outcome::Interrupted => 130,
-        }),
+        Command::Run(a) => run::run(a).map(|o| o.exit_code()),
         Command::Hlo(a) => inspect::hlo(a).map(|()| 0),
         Command::Devices(a) => inspect::devices(a).map(|()| 0),
         Command::Check(a) => inspect::check(a).map(|n| u8::from(n > 0)),
@@ -74,14 +123,6 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(code) => ExitCode::from(code),
-        Err(e) => {
-            if let Some(user) = e.chain().find_map(|c| c.downcast_ref::<ConfigError>()) {
-                eprintln!("error: {user}");
-                ExitCode::from(2)
-            } else {
-                eprintln!("error: {e:#}");
-                ExitCode::from(1)
-            }
-        }
+        Err(e) => ExitCode::from(report(&e)),
     }
 }

@@ -130,15 +130,25 @@ fn resume_yields_the_uninterrupted_trajectory() {
         );
     }
 
-    // Running the same config again without --resume starts over, and says so.
-    let o = shardes(&["run", cfg_a.to_str().unwrap()]);
+    // Running the same config again without --resume is refused and changes nothing; with
+    // --force it starts over, moving the old run aside, and says so.
+    let before = std::fs::read(a.join("state.json")).unwrap();
+    refused(
+        &["run", cfg_a.to_str().unwrap()],
+        "holds a checkpoint of this config at generation 4",
+        "--resume",
+    );
+    assert_eq!(std::fs::read(a.join("state.json")).unwrap(), before);
+    let o = shardes(&["run", cfg_a.to_str().unwrap(), "--force"]);
     assert_eq!(o.status.code(), Some(0), "{:?}", text(&o));
-    assert!(
-        text(&o)
-            .0
-            .contains("holds a checkpoint of this config at generation 4; starting over"),
-        "{:?}",
-        text(&o)
+    let moved = format!(
+        "held a checkpoint at generation 4; moved it to {}, starting over",
+        a.join("previous").display()
+    );
+    assert!(text(&o).0.contains(&moved), "{:?}", text(&o));
+    assert_eq!(
+        std::fs::read(a.join("previous/state.json")).unwrap(),
+        before
     );
     assert_eq!(metrics(&a).len(), 4);
     assert_eq!(

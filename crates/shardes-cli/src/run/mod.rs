@@ -1,0 +1,406 @@
+//! `shardes run CONFIG`: a training run with progress, metrics, checkpoints and resume.
+//!
+//! The out directory is [`shardes::rundir`]'s (see its docs for the files): a lock with the
+//! holder's pid, checkpoints atomic as a pair, `metrics.jsonl` that stays valid JSON.
+//! A start goes in two phases so that nothing is lost and a failing start changes nothing:
+//! 1. load and check the config, then `RunDir::prepare`, which takes the lock and refuses a
+//!    directory holding a run unless `--resume` (continue it) or `--force` (move it to
+//!    `OUT/previous/`); it reads and verifies the checkpoint to resume;
+//! 2. build the problem and client, check the parameters are finite, compile; only then
+//!    `commit` (which moves the old run aside or truncates the metrics to the checkpoint),
+//!    write `config.toml` and run.
+//!
+//! While running:
+//! - output errors never stop training: a closed or full stdout stops the progress lines
+//!   (with a note on stderr) and the run goes on to its checkpoint and normal exit code;
+//! - SIGINT, SIGTERM and SIGHUP finish the generation, checkpoint and exit 128 + the signal
+//!   ([`signals`]);
+//! - a non-finite fitness stops the run (exit 1) after writing its metrics line, and a
+//!   checkpoint whose parameters are not finite is refused the same way, so the last
+//!   checkpoint on disk stays a finite one ([`finite`]).
+//!
+//! The trainer folds the generation into the key on the device, so a run resumed from a
+//! checkpoint at generation g computes exactly what an uninterrupted run computes from g on.
+
+mod finite;
+mod signals;
+mod start;
+mod summary;
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use shardes::hlo::prng::Key;
+use shardes::rundir::{read_metrics, Metric, Mode, RunDir};
+use shardes::Trainer;
+
+use crate::config::{Config, ConfigError};
+use crate::out::{errln, is_closed, outln, Stdout};
+use crate::setup;
+
+pub use signals::Signal;
+use start::{refusal, rundir_error};
+use summary::{fmt_duration, stats, Summary};
+
+/// Arguments of `shardes run`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// The run configuration (TOML), e.g. examples/quickstart.toml.
+    pub config: PathBuf,
+    /// Continue from the out directory's last checkpoint (same trajectory as an uninterrupted run).
+    #[arg(long)]
+    pub resume: bool,
+    /// Start over in an out directory that holds a run (of any config, even a damaged one):
+    /// its files are moved to OUT/previous/ (replacing an older previous/).
+    #[arg(long)]
+    pub force: bool,
+    /// PJRT plugin: `cpu`, `cuda`, `tpu` or a path (overrides the config's `plugin`).
+    #[arg(long)]
+    pub plugin: Option<String>,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Every generation ran; the final checkpoint is written.
+    Finished,
+    /// A stop signal: the current generation finished and a checkpoint was written (or, when
+    /// it came before the first generation, nothing was changed).
+    Interrupted(Signal),
+}
+
+impl Outcome {
+    /// The process's exit code: 0, or 128 + the signal.
+    pub fn exit_code(self) -> u8 {
+        match self {
+            Outcome::Finished => 0,
+            Outcome::Interrupted(s) => s.exit_code(),
+        }
+    }
+}
+
+/// Progress: a bar on a terminal, one line per generation otherwise.
+struct Progress {
+    out: Stdout,
+    bar: Option<ProgressBar>,
+    /// Whether the user was told that stdout failed.
+    told: bool,
+}
+
+impl Progress {
+    fn new(out: Stdout, total: u32, start: u32) -> Result<Progress> {
+        let bar = if std::io::stdout().is_terminal() && out.ok() {
+            // indicatif ignores its own write errors, so a terminal that goes away cannot
+            // panic it.
+            let pb =
+                ProgressBar::with_draw_target(Some(u64::from(total)), ProgressDrawTarget::stdout());
+            pb.set_style(
+                ProgressStyle::with_template(
+                    "{spinner} {pos}/{len} [{bar:12.cyan/blue}] {msg} ETA {eta}",
+                )
+                .context("progress bar template")?
+                .progress_chars("=> "),
+            );
+            pb.set_position(u64::from(start));
+            Some(pb)
+        } else {
+            None
+        };
+        Ok(Progress {
+            out,
+            bar,
+            told: false,
+        })
+    }
+
+    /// Reports a finished generation `m` (`done` of `total`).
+    fn generation(&mut self, m: &Metric, done: u32, total: u32, eta_secs: f64) {
+        let (mean, lo, hi, ms) = (m.fitness_mean, m.fitness_min, m.fitness_max, m.ms);
+        match &self.bar {
+            Some(pb) => {
+                // Kept under 80 columns with the bar: a wrapped bar redraws badly.
+                pb.set_message(format!(
+                    "mean {mean:.4} min {lo:.4} max {hi:.4} | {ms:.0} ms/gen"
+                ));
+                pb.set_position(u64::from(done));
+            }
+            None => outln!(
+                self.out,
+                "gen {done}/{total} fitness mean {mean:.5} min {lo:.5} max {hi:.5} | {ms:.1} ms/gen | ETA {}",
+                fmt_duration(eta_secs)
+            ),
+        }
+        self.tell(m.generation);
+    }
+
+    /// Ends the bar's line, so that what follows starts on a line of its own.
+    fn finish(&mut self) {
+        if let Some(pb) = self.bar.take() {
+            pb.abandon();
+            // The bar leaves the cursor at the end of its line.
+            outln!(self.out);
+        }
+    }
+
+    /// Tells the user once, on stderr, that stdout failed and the run goes on without it.
+    fn tell(&mut self, generation: u32) {
+        if self.told {
+            return;
+        }
+        let Some(e) = self.out.error() else {
+            return;
+        };
+        self.told = true;
+        if let Some(pb) = &self.bar {
+            pb.set_draw_target(ProgressDrawTarget::hidden());
+        }
+        let what = if is_closed(e) {
+            "stdout was closed".to_string()
+        } else {
+            format!("cannot write to stdout ({e})")
+        };
+        errln!(
+            "note: {what} at generation {generation}; the run goes on without printing progress \
+             (metrics.jsonl has every generation)"
+        );
+    }
+}
+
+/// Copies the parameters to the host and writes them as the checkpoint of the generation
+/// the trainer runs next, unless they are not finite (then the run has diverged: no
+/// checkpoint, a failure naming the cause).
+fn checkpoint(rundir: &mut RunDir, trainer: &Trainer, key: Key, config: &Config) -> Result<()> {
+    let params = trainer
+        .params()
+        .context("copying the parameters to the host")?;
+    let g = trainer.generation();
+    if let Some(bad) = finite::params(&params) {
+        let last = rundir.committed().map(|s| s.generation);
+        return Err(
+            finite::diverged_params((&config.es).into(), g, &bad, last, rundir.path()).into(),
+        );
+    }
+    rundir
+        .write_checkpoint(key.data(), g, &params, None)
+        .map_err(rundir_error)?;
+    Ok(())
+}
+
+/// Runs `shardes run`.
+pub fn run(args: &RunArgs) -> Result<Outcome> {
+    let t_command = Instant::now();
+    let mut config = Config::load(&args.config)?;
+    if let Some(p) = &args.plugin {
+        config.plugin = Some(p.clone());
+    }
+    let hash = config.trajectory_hash();
+    let dir = config.run.out.clone();
+    // Everything the config alone can refuse is refused before the directory is looked at.
+    let total = u32::try_from(config.run.generations).map_err(|_| {
+        ConfigError::new(
+            format!("run.generations = {} is too large", config.run.generations),
+            "use at most 4294967295 generations",
+        )
+    })?;
+    let spec = config.strategy()?;
+    let resolved = toml::to_string_pretty(&config).context("serializing the resolved config")?;
+    let stop = signals::install()?;
+
+    let mode = if args.resume {
+        Mode::Resume
+    } else {
+        Mode::Fresh { force: args.force }
+    };
+    let mut prep = RunDir::prepare(&dir, mode, &hash).map_err(|e| refusal(e, &hash))?;
+    let replaced = if prep.moves_aside() {
+        Some(prep.existing_state().map(|s| s.generation))
+    } else {
+        None
+    };
+
+    let mut s = setup::build(&config)?;
+    let start = match prep.take_checkpoint() {
+        Some(ckpt) => {
+            if ckpt.state().key != s.problem.key.data() {
+                return Err(ConfigError::new(
+                    "--resume: the checkpoint's key differs from key(run.seed)",
+                    "resume with the config that started the run",
+                )
+                .into());
+            }
+            s.problem.params = ckpt.params(&s.problem.params).map_err(rundir_error)?;
+            ckpt.state().generation
+        }
+        None => 0,
+    };
+    finite::check_start(&s.problem.params, &s.problem.batch, args.resume)?;
+
+    let mut out = Stdout::new();
+    outln!(
+        out,
+        "shardes run {}\n  problem  {}: {} parameters in {} leaves\n  \
+         es       {spec}, n {}, sigma {}, lr {}, {}, how {}\n  devices  {} × {} ({})\n  out      {}",
+        args.config.display(),
+        s.problem.summary,
+        s.problem.params.num_params(),
+        s.problem.params.num_leaves(),
+        config.es.n,
+        config.es.sigma,
+        config.es.lr,
+        config.es.shaping,
+        config.es.how,
+        s.config.devices,
+        s.client.platform_name(),
+        s.client.plugin().path().display(),
+        dir.display(),
+    );
+    if start >= total {
+        outln!(
+            out,
+            "the checkpoint is at generation {start}; run.generations = {total}: nothing to do \
+             (raise run.generations to continue)"
+        );
+        return Ok(Outcome::Finished);
+    }
+    let p = &s.problem;
+    let mut trainer = Trainer::with_state(
+        &s.client, &s.es, &*p.model, &p.params, p.key, &p.batch, start,
+    )
+    .context("building the generation program")?;
+    let bt = trainer.build_times();
+    outln!(
+        out,
+        "compiled in {:.2} s (emit {:.0} ms){}",
+        bt.compile_ms / 1e3,
+        bt.emit_ms,
+        if start > 0 {
+            format!("; resuming at generation {start}")
+        } else {
+            String::new()
+        }
+    );
+    if let Some(sig) = stop.received() {
+        errln!(
+            "{}: stopped before the first generation; {} is unchanged",
+            sig.name(),
+            dir.display()
+        );
+        return Ok(Outcome::Interrupted(sig));
+    }
+
+    // Phase two: from here on the directory is this run's.
+    let mut rundir = prep.commit().map_err(rundir_error)?;
+    if let (Some(prev), Some(old)) = (&rundir.report().moved_aside, replaced) {
+        let held = match old {
+            Some(g) => format!("a checkpoint at generation {g}"),
+            None => "files of an earlier start".to_string(),
+        };
+        outln!(
+            out,
+            "note: {} held {held}; moved it to {}, starting over",
+            dir.display(),
+            prev.display()
+        );
+    }
+    if let Some(t) = &rundir.report().metrics {
+        if let Some(bad) = t.bad.first() {
+            errln!(
+                "warning: {}: dropped {} line(s) that are not metrics records (line {}: {})",
+                dir.join("metrics.jsonl").display(),
+                t.bad.len(),
+                bad.line,
+                bad.error
+            );
+        }
+    }
+    rundir.write_config(&resolved).map_err(rundir_error)?;
+    let mut metrics = rundir.metrics_writer().map_err(rundir_error)?;
+    let mut summary = Summary::default();
+    if start > 0 {
+        let earlier = read_metrics(metrics.path()).map_err(rundir_error)?;
+        for (m, _) in &earlier.records {
+            summary.record(m, false);
+        }
+    }
+
+    let mut progress = Progress::new(out, total, start)?;
+    let every = config.run.checkpoint_every;
+    let key = s.problem.key;
+    let t_run = Instant::now();
+    let mut outcome = Outcome::Finished;
+    for g in start..total {
+        if let Some(sig) = stop.received() {
+            outcome = Outcome::Interrupted(sig);
+            break;
+        }
+        let t0 = Instant::now();
+        let fitness = trainer
+            .step()
+            .with_context(|| format!("running generation {g}"))?;
+        let ms = t0.elapsed().as_secs_f64() * 1e3;
+        let (mean, lo, hi) = stats(&fitness);
+        let m = Metric {
+            generation: g,
+            fitness_mean: mean,
+            fitness_min: lo,
+            fitness_max: hi,
+            ms,
+            extra: Default::default(),
+        };
+        // Written before the divergence check: the user sees the NaN generation.
+        metrics.append(&m).map_err(rundir_error)?;
+        summary.record(&m, true);
+        let done = g + 1;
+        let avg_ms = t_run.elapsed().as_secs_f64() * 1e3 / f64::from(done - start);
+        progress.generation(&m, done, total, avg_ms * f64::from(total - done) / 1e3);
+        if let Some(bad) = finite::fitness(&fitness) {
+            progress.finish();
+            let last = rundir.committed().map(|s| s.generation);
+            return Err(finite::diverged_fitness((&config.es).into(), g, &bad, last, &dir).into());
+        }
+        if every > 0 && (done as usize).is_multiple_of(every) && done < total {
+            if let Err(e) = checkpoint(&mut rundir, &trainer, key, &config) {
+                progress.finish();
+                return Err(e);
+            }
+        }
+    }
+    if let Some(sig) = stop.received() {
+        outcome = Outcome::Interrupted(sig);
+    }
+    let g = trainer.generation();
+    let result = if rundir.committed().map(|s| s.generation) == Some(g) {
+        Ok(())
+    } else {
+        checkpoint(&mut rundir, &trainer, key, &config)
+    };
+    progress.finish();
+    result?;
+    let loop_secs = t_run.elapsed().as_secs_f64();
+    let out = &mut progress.out;
+    match outcome {
+        Outcome::Finished => outln!(
+            out,
+            "done: {} generations in {}; checkpoint at generation {g} in {}",
+            g - start,
+            fmt_duration(loop_secs),
+            dir.display()
+        ),
+        // The signal thread named the signal on stderr already.
+        Outcome::Interrupted(_) => outln!(
+            out,
+            "interrupted: checkpoint at generation {g} in {}; continue with `shardes run {} \
+             --resume`",
+            dir.display(),
+            args.config.display()
+        ),
+    }
+    for line in summary.lines(loop_secs, t_command.elapsed().as_secs_f64(), Some(g), &dir) {
+        outln!(out, "{line}");
+    }
+    progress.tell(g);
+    Ok(outcome)
+}
