@@ -26,7 +26,7 @@ use shardes::hlo::prng::Key;
 use shardes::io::write_atomic;
 use shardes::Trainer;
 
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, ProblemConfig};
 use crate::setup;
 
 /// Arguments of `shardes run`.
@@ -382,6 +382,11 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
             .with_context(|| format!("running generation {g}"))?;
         let ms = t0.elapsed().as_secs_f64() * 1e3;
         let (mean, lo, hi) = stats(&fitness);
+        // A control problem's fitness is the negated return; show the return too.
+        let ret = match config.problem {
+            ProblemConfig::Control { .. } => format!(" return {:.2}", -mean),
+            _ => String::new(),
+        };
         let m = Metric {
             generation: g,
             fitness_mean: mean,
@@ -398,12 +403,12 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
             Some(pb) => {
                 // Kept under 80 columns with the bar: a wrapped bar redraws badly.
                 pb.set_message(format!(
-                    "mean {mean:.4} min {lo:.4} max {hi:.4} | {ms:.0} ms/gen"
+                    "mean {mean:.4} min {lo:.4} max {hi:.4}{ret} | {ms:.0} ms/gen"
                 ));
                 pb.set_position(u64::from(done));
             }
             None => println!(
-                "gen {done}/{total} fitness mean {mean:.5} min {lo:.5} max {hi:.5} | {ms:.1} ms/gen | ETA {}",
+                "gen {done}/{total} fitness mean {mean:.5} min {lo:.5} max {hi:.5}{ret} | {ms:.1} ms/gen | ETA {}",
                 fmt_duration(avg_ms * f64::from(total - done) / 1e3)
             ),
         }
