@@ -123,7 +123,7 @@ use super::ProblemError;
 
 pub mod acrobot;
 pub mod cartpole;
-pub mod kit;
+mod kit;
 pub mod mountain_car;
 pub mod pendulum;
 pub mod policy;
