@@ -12,6 +12,7 @@ use shardes_hlo::prng::{fold_in, key, Key};
 use shardes_hlo::problems::transformer_block::TransformerBlock;
 use thiserror::Error;
 
+pub mod control;
 #[cfg(feature = "models")]
 pub mod qwen2;
 

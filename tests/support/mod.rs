@@ -12,6 +12,7 @@
 // Each test binary uses a different part of the support code.
 #![allow(dead_code)]
 
+pub mod control;
 pub mod es;
 pub mod model;
 pub mod shaping;

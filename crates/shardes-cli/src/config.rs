@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use shardes::hlo::es::{StrategySpec, KEEP_NOISE_BYTES};
+use shardes::hlo::problems::control::{self, Control, Env, Fitness, ENV_NAMES};
 use shardes::hlo::problems::transformer_block::TransformerBlock;
 
 /// A user-facing configuration error: one line saying what is wrong and a hint saying how to fix it.
@@ -96,6 +97,22 @@ pub enum ProblemConfig {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         compute_dtype: Option<String>,
     },
+    /// `control`: a tanh MLP policy on an environment rolled out inside the program.
+    Control {
+        /// The environment: `cartpole_balance`, `cartpole_swingup`, `pendulum`, `acrobot`
+        /// or `mountain_car` (required).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        env: Option<String>,
+        /// Episodes per member, the same reset states for every member (default 4).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        episodes: Option<usize>,
+        /// Steps per episode (default 200).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        episode_length: Option<usize>,
+        /// The policy's hidden layer sizes (default `[32, 32]`; `[]`: a linear policy).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        hidden: Option<Vec<usize>>,
+    },
 }
 
 /// Every problem's `name` and the `[problem]` keys its [`ProblemConfig`] variant reads
@@ -115,6 +132,7 @@ pub const PROBLEM_VARIANTS: &[(&str, &[&str])] = &[
             "compute_dtype",
         ],
     ),
+    ("control", &["env", "episodes", "episode_length", "hidden"]),
 ];
 
 /// The problem names, in [`PROBLEM_VARIANTS`] order.
@@ -185,12 +203,68 @@ pub fn transformer_block(
     }
 }
 
+/// The control problem of a `control` `[problem]` for shaping `shaping`, with the defaults
+/// for unset keys (`episodes` 4, `episode_length` 200, `hidden` `[32, 32]`): the fitness is
+/// per episode for `group_relative`, the mean over episodes otherwise.
+pub fn control(problem: &ProblemConfig, shaping: &str) -> Result<Control, ConfigError> {
+    let ProblemConfig::Control {
+        env,
+        episodes,
+        episode_length,
+        hidden,
+    } = problem
+    else {
+        return Err(ConfigError::new(
+            format!("problem \"{}\" is not control", problem.name()),
+            "set problem.name = \"control\"",
+        ));
+    };
+    let env = control_env(env.as_deref())?;
+    let hidden = hidden.clone().unwrap_or_else(|| vec![32, 32]);
+    let c = Control::new(
+        env,
+        episodes.unwrap_or(4),
+        episode_length.unwrap_or(200),
+        &hidden,
+    )
+    .map_err(|e| {
+        ConfigError::new(
+            format!("problem.{e}"),
+            "episodes and episode_length must be at least 1, every hidden size at least 1 \
+             (hidden = [] is a linear policy)",
+        )
+    })?;
+    Ok(c.with_fitness(if shaping == "group_relative" {
+        Fitness::PerEpisode
+    } else {
+        Fitness::Mean
+    }))
+}
+
+/// The environment `problem.env` names, or the error listing the valid ones.
+fn control_env(env: Option<&str>) -> Result<Env, ConfigError> {
+    let Some(name) = env else {
+        return Err(ConfigError::new(
+            "problem \"control\" needs problem.env",
+            format!("add env = \"NAME\", one of: {}", ENV_NAMES.join(", ")),
+        ));
+    };
+    name.parse().map_err(|_: control::UnknownEnv| {
+        let hint = match nearest(name, &ENV_NAMES) {
+            Some(n) => format!("did you mean \"{n}\"? valid: {}", ENV_NAMES.join(", ")),
+            None => format!("valid environments: {}", ENV_NAMES.join(", ")),
+        };
+        ConfigError::new(format!("problem.env: unknown environment \"{name}\""), hint)
+    })
+}
+
 impl ProblemConfig {
     /// The problem's `name`.
     pub fn name(&self) -> &'static str {
         match self {
             ProblemConfig::TransformerBlock { .. } => "transformer_block",
             ProblemConfig::Qwen2 { .. } => "qwen2",
+            ProblemConfig::Control { .. } => "control",
         }
     }
 
@@ -203,6 +277,7 @@ impl ProblemConfig {
                 seq,
             } => (d_model, batch, seq),
             ProblemConfig::Qwen2 { batch, seq, .. } => (None, batch, seq),
+            ProblemConfig::Control { .. } => (None, None, None),
         };
         [
             ("problem.d_model", d_model),
@@ -211,8 +286,12 @@ impl ProblemConfig {
         ]
     }
 
-    /// The checks serde cannot make: one of `checkpoint` and `size`, `data`, a known dtype.
+    /// The checks serde cannot make: for qwen2 one of `checkpoint` and `size`, `data`, a
+    /// known dtype; for control a known environment and positive counts.
     fn check(&self) -> Result<(), ConfigError> {
+        if let ProblemConfig::Control { .. } = self {
+            return control(self, "").map(|_| ());
+        }
         let ProblemConfig::Qwen2 {
             checkpoint,
             size,
@@ -625,6 +704,10 @@ checkpoint_every = 10
             ("data", "\"d.jsonl\""),
             ("tokenizer", "\"t.json\""),
             ("compute_dtype", "\"bf16\""),
+            ("env", "\"pendulum\""),
+            ("episodes", "3"),
+            ("episode_length", "50"),
+            ("hidden", "[8, 4]"),
         ];
         for (name, keys) in PROBLEM_VARIANTS {
             let mut body = format!("name = \"{name}\"\n");
@@ -659,7 +742,11 @@ checkpoint_every = 10
                 "size",
                 "data",
                 "tokenizer",
-                "compute_dtype"
+                "compute_dtype",
+                "env",
+                "episodes",
+                "episode_length",
+                "hidden"
             ]
         );
     }

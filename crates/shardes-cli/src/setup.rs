@@ -17,7 +17,7 @@ use shardes::runtime::plugin::{CPU, NAMED};
 use shardes::runtime::{Client, ClientOptions, Plugin};
 use shardes::{Problem, ProblemError, Qwen2Source, Qwen2Weights};
 
-use crate::config::{transformer_block, Config, ConfigError, ProblemConfig, SHAPINGS};
+use crate::config::{control, transformer_block, Config, ConfigError, ProblemConfig, SHAPINGS};
 
 /// Everything a run needs: the ES, the [`Problem`] and a client to run it on.
 pub struct Setup {
@@ -80,6 +80,9 @@ pub fn problem(config: &Config) -> anyhow::Result<(ShardedES, Problem)> {
             seq,
         } => Problem::transformer_block(transformer_block(*d_model, *batch, *seq), seed),
         ProblemConfig::Qwen2 { .. } => Problem::qwen2(&qwen2_source(&config.problem)?, seed),
+        ProblemConfig::Control { .. } => {
+            Problem::control(control(&config.problem, &config.es.shaping)?, seed)
+        }
     }
     .map_err(config_error)?;
     let es = es.with_member_bytes(problem.model.member_bytes());

@@ -37,7 +37,7 @@ use shardes::hlo::prng::Key;
 use shardes::rundir::{read_metrics, Metric, Mode, RunDir};
 use shardes::Trainer;
 
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, ProblemConfig};
 use crate::out::{errln, is_closed, outln, Stdout};
 use crate::setup;
 
@@ -119,17 +119,23 @@ impl Progress {
     /// Reports a finished generation `m` (`done` of `total`).
     fn generation(&mut self, m: &Metric, done: u32, total: u32, eta_secs: f64) {
         let (mean, lo, hi, ms) = (m.fitness_mean, m.fitness_min, m.fitness_max, m.ms);
+        // Problem-specific scalars (a control task's mean return) follow the fitness.
+        let extra: String = m
+            .extra
+            .iter()
+            .map(|(k, v)| format!(" {k} {v:.2}"))
+            .collect();
         match &self.bar {
             Some(pb) => {
                 // Kept under 80 columns with the bar: a wrapped bar redraws badly.
                 pb.set_message(format!(
-                    "mean {mean:.4} min {lo:.4} max {hi:.4} | {ms:.0} ms/gen"
+                    "mean {mean:.4} min {lo:.4} max {hi:.4}{extra} | {ms:.0} ms/gen"
                 ));
                 pb.set_position(u64::from(done));
             }
             None => outln!(
                 self.out,
-                "gen {done}/{total} fitness mean {mean:.5} min {lo:.5} max {hi:.5} | {ms:.1} ms/gen | ETA {}",
+                "gen {done}/{total} fitness mean {mean:.5} min {lo:.5} max {hi:.5}{extra} | {ms:.1} ms/gen | ETA {}",
                 fmt_duration(eta_secs)
             ),
         }
@@ -348,7 +354,7 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
             fitness_min: lo,
             fitness_max: hi,
             ms,
-            extra: Default::default(),
+            extra: extra_scalars(&config, mean),
         };
         // Written before the divergence check: the user sees the NaN generation.
         metrics.append(&m).map_err(rundir_error)?;
@@ -403,4 +409,14 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
     }
     progress.tell(g);
     Ok(outcome)
+}
+
+/// Scalars a problem reports beside the fitness: a control task's fitness is the negated
+/// mean return, so its `return` (higher is better) is logged and shown too.
+fn extra_scalars(config: &Config, fitness_mean: f64) -> std::collections::BTreeMap<String, f64> {
+    let mut extra = std::collections::BTreeMap::new();
+    if matches!(config.problem, ProblemConfig::Control { .. }) {
+        extra.insert("return".to_string(), -fitness_mean);
+    }
+    extra
 }

@@ -10,6 +10,7 @@ use thiserror::Error;
 use crate::params::ParamError;
 use crate::prng::PrngError;
 
+pub mod control;
 pub mod qwen2;
 pub mod transformer_block;
 
