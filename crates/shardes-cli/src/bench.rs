@@ -10,8 +10,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use shardes::bench::{self, BenchInput, BenchOptions, BenchReport, Flops};
-use shardes::hlo::es::strategy::from_spec;
-use shardes::hlo::es::{shaping, How, Model, ShardedES};
+use shardes::hlo::es::{How, Model, ShardedES};
 use shardes::runtime::Client;
 use shardes::Problem;
 
@@ -87,27 +86,15 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let tb = transformer_block(d_model, batch, seq);
     let hows = match &args.how {
         Some(h) => parse_how(h)?,
-        None => parse_how(&config.es.how)?,
+        None => vec![config.es.how],
     };
     if args.generations == 0 {
         bail!("--generations 0: time at least 1 round (10 or more for a meaningful median)");
     }
-    let spec = config.strategy()?;
-    let shaping_name = config.es.shaping.clone();
     let make_es = |how: How| -> Result<ShardedES> {
-        let shaping = shaping::by_name(&shaping_name)
-            .with_context(|| format!("es.shaping = {shaping_name:?} is not a known shaping"))?;
-        Ok(ShardedES::new(
-            from_spec(&spec),
-            config.es.n,
-            config.es.sigma,
-            config.es.lr,
-            config.devices,
-        )?
-        .with_shaping(shaping)
-        .with_how(how)
-        .with_member_chunk(config.es.member_chunk)
-        .with_keep_noise_bytes(config.es.keep_noise_bytes()))
+        let mut c = config.clone();
+        c.es.how = how;
+        setup::es(&c)
     };
     let variants: Vec<ShardedES> = hows
         .iter()

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use shardes::hlo::es::{StrategySpec, KEEP_NOISE_BYTES};
+use shardes::hlo::es::{EsError, EsSpec, How, ShapingSpec, SpecError, StrategySpec};
 use shardes::hlo::problems::control::{self, Control, Env, Fitness, ENV_NAMES};
 use shardes::hlo::problems::transformer_block::TransformerBlock;
 
@@ -206,7 +206,7 @@ pub fn transformer_block(
 /// The control problem of a `control` `[problem]` for shaping `shaping`, with the defaults
 /// for unset keys (`episodes` 4, `episode_length` 200, `hidden` `[32, 32]`): the fitness is
 /// per episode for `group_relative`, the mean over episodes otherwise.
-pub fn control(problem: &ProblemConfig, shaping: &str) -> Result<Control, ConfigError> {
+pub fn control(problem: &ProblemConfig, shaping: ShapingSpec) -> Result<Control, ConfigError> {
     let ProblemConfig::Control {
         env,
         episodes,
@@ -234,7 +234,7 @@ pub fn control(problem: &ProblemConfig, shaping: &str) -> Result<Control, Config
              (hidden = [] is a linear policy)",
         )
     })?;
-    Ok(c.with_fitness(if shaping == "group_relative" {
+    Ok(c.with_fitness(if shaping == ShapingSpec::GroupRelative {
         Fitness::PerEpisode
     } else {
         Fitness::Mean
@@ -290,7 +290,7 @@ impl ProblemConfig {
     /// known dtype; for control a known environment and positive counts.
     fn check(&self) -> Result<(), ConfigError> {
         if let ProblemConfig::Control { .. } = self {
-            return control(self, "").map(|_| ());
+            return control(self, ShapingSpec::default()).map(|_| ());
         }
         let ProblemConfig::Qwen2 {
             checkpoint,
@@ -326,41 +326,9 @@ impl ProblemConfig {
     }
 }
 
-/// `[es]`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct EsConfig {
-    /// Strategy, e.g. `mirrored(lowrank(r=1))`.
-    #[serde(default = "default_strategy")]
-    pub strategy: String,
-    /// Population size.
-    pub n: usize,
-    /// Noise scale.
-    pub sigma: f32,
-    /// Learning rate.
-    pub lr: f32,
-    /// Fitness shaping: `centered_ranks`, `centered`, `group_relative` or `none`.
-    #[serde(default = "default_shaping")]
-    pub shaping: String,
-    /// Where the update is contracted: `B` (per device, then all-reduce) or `A` (everywhere).
-    #[serde(default = "default_how")]
-    pub how: String,
-    /// Members evaluated together per loop step on each device (default: chosen by memory).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub member_chunk: Option<usize>,
-    /// MiB of noise per device that `how = "B"` keeps from `apply` for `tell` (default 16;
-    /// 0 always regenerates it).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub keep_noise_mib: Option<usize>,
-}
-
-impl EsConfig {
-    /// The noise budget in bytes for `ShardedES::with_keep_noise_bytes`.
-    pub fn keep_noise_bytes(&self) -> usize {
-        self.keep_noise_mib
-            .map_or(KEEP_NOISE_BYTES, |m| m.saturating_mul(1 << 20))
-    }
-}
+/// `[es]`: the library's [`EsSpec`], deserialized as it is (strategy, shaping and placement
+/// through their own parsers; [`EsSpec::build`] checks the numbers).
+pub type EsConfig = EsSpec;
 
 /// `[run]`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -381,15 +349,6 @@ pub struct RunConfig {
 
 fn default_devices() -> usize {
     8
-}
-fn default_strategy() -> String {
-    "mirrored(lowrank(r=1))".into()
-}
-fn default_shaping() -> String {
-    "centered_ranks".into()
-}
-fn default_how() -> String {
-    "B".into()
 }
 fn default_out() -> PathBuf {
     PathBuf::from("runs/default")
@@ -413,9 +372,6 @@ const ES_KEYS: &[&str] = &[
     "keep_noise_mib",
 ];
 const RUN_KEYS: &[&str] = &["seed", "generations", "out", "checkpoint_every"];
-
-/// Shapings the CLI accepts.
-pub const SHAPINGS: &[&str] = &["centered_ranks", "centered", "group_relative", "none"];
 
 fn nearest<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
     candidates
@@ -471,6 +427,66 @@ fn problem_value_span(
     Some(spans.problem.get_ref().get(key)?.span())
 }
 
+/// An ES settings error as a config error: the library names the `[es]` key
+/// ([`EsSpec::build`]) and says how to fix it.
+pub fn es_error(e: EsError) -> ConfigError {
+    let fix = e
+        .fix()
+        .unwrap_or_else(|| "change the [es] value it names".into());
+    ConfigError::new(e.message(), fix)
+}
+
+/// A strategy that does not parse, as a config error naming `es.strategy`.
+fn strategy_error(e: &SpecError) -> ConfigError {
+    ConfigError::new(
+        format!("es.strategy: {}", e.reason),
+        format!(
+            "valid strategies: {} (got \"{}\")",
+            shardes::hlo::es::spec::STRATEGY_NAMES.join(", "),
+            e.input
+        ),
+    )
+}
+
+/// The `[es]` names and numbers that serde would refuse with a less useful message: the
+/// strategy, shaping and placement through their own parsers (the ones serde uses), with
+/// the nearest valid shaping; floats beyond f32's range named as written, before they
+/// become `inf`.
+fn check_es_table(es: &toml::Table) -> Result<(), ConfigError> {
+    if let Some(toml::Value::String(s)) = es.get("strategy") {
+        s.parse::<StrategySpec>().map_err(|e| strategy_error(&e))?;
+    }
+    if let Some(toml::Value::String(s)) = es.get("shaping") {
+        if let Err(e) = s.parse::<ShapingSpec>() {
+            let valid = e.valid().join(", ");
+            let hint = match nearest(s, e.valid()) {
+                Some(n) => format!("did you mean \"{n}\"? valid: {valid}"),
+                None => format!("valid shapings: {valid}"),
+            };
+            return Err(ConfigError::new(format!("es.{}", e.message()), hint));
+        }
+    }
+    if let Some(toml::Value::String(s)) = es.get("how") {
+        if let Err(e) = s.parse::<How>() {
+            return Err(ConfigError::new(
+                format!("es.how: {}", e.message()),
+                e.fix(),
+            ));
+        }
+    }
+    for key in ["sigma", "lr"] {
+        if let Some(toml::Value::Float(v)) = es.get(key) {
+            if v.is_finite() && v.abs() > f64::from(f32::MAX) {
+                return Err(ConfigError::new(
+                    format!("es.{key} = {v:e} is beyond the float32 range (±3.4e38)"),
+                    format!("set es.{key} to a small positive number, e.g. 0.01"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 impl Config {
     /// Reads and validates a config file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
@@ -517,6 +533,9 @@ impl Config {
         if let Some(toml::Value::Table(t)) = table.get("problem") {
             check_problem_table(t)?;
         }
+        if let Some(toml::Value::Table(t)) = table.get("es") {
+            check_es_table(t)?;
+        }
         let config: Config = toml::from_str(text).map_err(|e| {
             let msg = e.message().to_string();
             // serde names the expected type but not the key; the span points at the value,
@@ -539,23 +558,6 @@ impl Config {
         Ok(config)
     }
 
-    /// The strategy, parsed.
-    pub fn strategy(&self) -> Result<StrategySpec, ConfigError> {
-        self.es
-            .strategy
-            .parse()
-            .map_err(|e: shardes::hlo::es::SpecError| {
-                ConfigError::new(
-                    format!("es.strategy: {}", e.reason),
-                    format!(
-                        "valid strategies: {} (got \"{}\")",
-                        shardes::hlo::es::spec::STRATEGY_NAMES.join(", "),
-                        e.input
-                    ),
-                )
-            })
-    }
-
     fn validate(&self) -> Result<(), ConfigError> {
         self.problem.check()?;
         let [d_model, batch, seq] = self.problem.dims();
@@ -564,7 +566,6 @@ impl Config {
             batch,
             seq,
             ("devices", Some(self.devices)),
-            ("es.n", Some(self.es.n)),
             ("run.generations", Some(self.run.generations)),
         ] {
             if v == Some(0) {
@@ -574,54 +575,7 @@ impl Config {
                 ));
             }
         }
-        let strategy = self.strategy()?;
-        if !SHAPINGS.contains(&self.es.shaping.as_str()) {
-            let hint = match nearest(&self.es.shaping, SHAPINGS) {
-                Some(n) => format!("did you mean \"{n}\"? valid: {}", SHAPINGS.join(", ")),
-                None => format!("valid shapings: {}", SHAPINGS.join(", ")),
-            };
-            return Err(ConfigError::new(
-                format!("es.shaping: unknown shaping \"{}\"", self.es.shaping),
-                hint,
-            ));
-        }
-        if !matches!(self.es.how.as_str(), "A" | "B" | "a" | "b") {
-            return Err(ConfigError::new(
-                format!("es.how: unknown placement \"{}\"", self.es.how),
-                "use \"B\" (contract per device, then all-reduce) or \"A\" (gather weights, contract everywhere)",
-            ));
-        }
-        if !(self.es.sigma.is_finite() && self.es.sigma > 0.0) {
-            return Err(ConfigError::new(
-                format!("es.sigma = {} is not a finite number > 0", self.es.sigma),
-                "set es.sigma to a small positive number, e.g. 0.01",
-            ));
-        }
-        if !self.es.lr.is_finite() {
-            return Err(ConfigError::new(
-                format!("es.lr = {} is not finite", self.es.lr),
-                "set es.lr to a finite number, e.g. 0.01",
-            ));
-        }
-        let pairing = strategy.pairing();
-        let per = self.devices * pairing;
-        if !self.es.n.is_multiple_of(per) {
-            let lower = (self.es.n / per).max(1) * per;
-            let upper = (self.es.n / per + 1) * per;
-            return Err(ConfigError::new(
-                format!(
-                    "es.n = {} is not divisible by devices ({}) × pairing ({pairing} for {strategy})",
-                    self.es.n, self.devices
-                ),
-                format!("set es.n to a multiple of {per}, e.g. {lower} or {upper}"),
-            ));
-        }
-        if let Some(0) = self.es.member_chunk {
-            return Err(ConfigError::new(
-                "es.member_chunk = 0",
-                "set es.member_chunk to at least 1",
-            ));
-        }
+        self.es.build(self.devices).map_err(es_error)?;
         Ok(())
     }
 
@@ -688,7 +642,10 @@ checkpoint_every = 10
         }
         // Unset, the library's default budget.
         let plain = Config::parse(QUICK).expect("quickstart");
-        assert_eq!(plain.es.keep_noise_bytes(), KEEP_NOISE_BYTES);
+        assert_eq!(
+            plain.es.keep_noise_bytes(),
+            shardes::hlo::es::KEEP_NOISE_BYTES
+        );
     }
 
     /// Each problem's listed keys are exactly the keys its variant reads and writes: set
@@ -790,7 +747,7 @@ checkpoint_every = 10
     fn quickstart_parses() {
         let c = Config::parse(QUICK).unwrap();
         assert_eq!(c.es.n, 256);
-        assert_eq!(c.strategy().unwrap().pairing(), 2);
+        assert_eq!(c.es.strategy.pairing(), 2);
     }
 
     fn err(text: &str) -> String {

@@ -81,7 +81,7 @@ fn with_rank(spec: &StrategySpec, r: usize) -> Option<StrategySpec> {
 /// The config's ES for `model` with `spec` as its strategy.
 fn es_with(config: &Config, spec: &StrategySpec, model: &dyn Model) -> Result<ShardedES> {
     let mut c = config.clone();
-    c.es.strategy = spec.to_string();
+    c.es.strategy = spec.clone();
     setup::es_for(&c, model)
 }
 
@@ -137,7 +137,7 @@ pub fn run(args: &DiagArgs) -> Result<()> {
              the `plugin` key"
         ),
     };
-    let spec = config.strategy()?;
+    let spec = config.es.strategy.clone();
     let (es, p) = setup::problem(&config)?;
     let mut entries = vec![measure(&es, &*p.model, &p.params, &client, None)?];
     for &r in &args.ranks {

@@ -10,14 +10,13 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use shardes::hlo::builder::DType;
-use shardes::hlo::es::strategy::from_spec;
-use shardes::hlo::es::{shaping, How, Model, ShardedES};
+use shardes::hlo::es::{Model, ShardedES};
 use shardes::problem::Setting;
 use shardes::runtime::plugin::{CPU, NAMED};
 use shardes::runtime::{Client, ClientOptions, Plugin};
 use shardes::{Problem, ProblemError, Qwen2Source, Qwen2Weights};
 
-use crate::config::{control, transformer_block, Config, ConfigError, ProblemConfig, SHAPINGS};
+use crate::config::{control, es_error, transformer_block, Config, ConfigError, ProblemConfig};
 
 /// Everything a run needs: the ES, the [`Problem`] and a client to run it on.
 pub struct Setup {
@@ -31,41 +30,11 @@ pub struct Setup {
     pub client: Client,
 }
 
-/// The ES of `config` (strategy, n, sigma, lr, shaping, placement, chunk, noise budget),
-/// without the model's member bytes (see [`es_for`]).
-fn es(config: &Config) -> anyhow::Result<ShardedES> {
-    let spec = config.strategy()?;
-    let shaping = shaping::by_name(&config.es.shaping).ok_or_else(|| {
-        ConfigError::new(
-            format!("es.shaping: unknown shaping \"{}\"", config.es.shaping),
-            format!("valid shapings: {}", SHAPINGS.join(", ")),
-        )
-    })?;
-    let how = match config.es.how.as_str() {
-        "A" | "a" => How::A,
-        "B" | "b" => How::B,
-        other => {
-            return Err(ConfigError::new(
-                format!("es.how: unknown placement \"{other}\""),
-                "use \"B\" or \"A\"",
-            )
-            .into())
-        }
-    };
-    // The config validated n, sigma and lr already; an error here would be a mismatch between
-    // the two validations, which is still the user's value to change.
-    Ok(ShardedES::new(
-        from_spec(&spec),
-        config.es.n,
-        config.es.sigma,
-        config.es.lr,
-        config.devices,
-    )
-    .map_err(|e| ConfigError::new(format!("es: {e}"), "change the [es] value it names"))?
-    .with_shaping(shaping)
-    .with_how(how)
-    .with_member_chunk(config.es.member_chunk)
-    .with_keep_noise_bytes(config.es.keep_noise_bytes()))
+/// The ES of `config` (strategy, n, sigma, lr, shaping, placement, chunk, noise budget):
+/// [`EsSpec::build`](shardes::hlo::es::EsSpec::build), whose errors name the `[es]` key.
+/// The model's member bytes come with the program ([`ShardedES::member_chunk_for`]).
+pub fn es(config: &Config) -> anyhow::Result<ShardedES> {
+    Ok(config.es.build(config.devices).map_err(es_error)?)
 }
 
 /// The ES and the problem of `config` (no client, no I/O besides reading the problem's
@@ -81,10 +50,12 @@ pub fn problem(config: &Config) -> anyhow::Result<(ShardedES, Problem)> {
         } => Problem::transformer_block(transformer_block(*d_model, *batch, *seq), seed),
         ProblemConfig::Qwen2 { .. } => Problem::qwen2(&qwen2_source(&config.problem)?, seed),
         ProblemConfig::Control { .. } => {
-            Problem::control(control(&config.problem, &config.es.shaping)?, seed)
+            Problem::control(control(&config.problem, config.es.shaping)?, seed)
         }
     }
     .map_err(config_error)?;
+    // The programs would derive it from the model too; set here, the ES's own reports
+    // (member chunk, kept noise) agree with them.
     let es = es.with_member_bytes(problem.model.member_bytes());
     Ok((es, problem))
 }

@@ -409,18 +409,26 @@ fn divergence_exits_1_and_keeps_the_last_finite_checkpoint() {
     assert!(!out.join("state.json").exists());
     assert!(records(&out)[0].fitness_mean.is_nan());
 
-    // σ = 1e-45: the fitness of generation 0 is finite, the update is not; the checkpoint
-    // after it is refused.
-    let (cfg, out) = diverging("tiny", 6, "sigma = 0.01", "sigma = 1e-45");
+    // lr = 1e38: lr/(n·σ) is still finite, but the first update overflows: the fitness of
+    // generation 0 is finite, the parameters after it are not; that checkpoint is refused.
+    let (cfg, out) = diverging("huge_lr", 6, "lr = 0.01", "lr = 1e38");
     let o = shardes(&["run", cfg.to_str().unwrap()]);
     let (_, stderr) = text(&o);
     assert_eq!(o.status.code(), Some(1), "{stderr}");
     assert!(
-        stderr.contains("made the parameters non-finite")
-            && stderr.contains("es.sigma = 1e-45 is too small"),
+        stderr.contains("made the parameters non-finite") && stderr.contains("es.lr = 1e38"),
         "{stderr}"
     );
     assert!(!out.join("state.json").exists());
+
+    // σ = 1e-45 (subnormal: XLA flushes it to zero) is refused before anything runs.
+    let (cfg, out) = diverging("tiny", 6, "sigma = 0.01", "sigma = 1e-45");
+    refused(
+        &["run", cfg.to_str().unwrap()],
+        "es.sigma = 1e-45 is too small for float32",
+        "es.sigma",
+    );
+    assert!(!out.exists());
 }
 
 /// By default neither stdout nor stderr holds a line of XLA's own logging; `-v` shows them.

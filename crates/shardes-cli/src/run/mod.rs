@@ -211,7 +211,7 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
             "use at most 4294967295 generations",
         )
     })?;
-    let spec = config.strategy()?;
+    let spec = &config.es.strategy;
     let resolved = toml::to_string_pretty(&config).context("serializing the resolved config")?;
     let stop = signals::install()?;
 

@@ -436,6 +436,41 @@ fn check_numbers(names: Names, s: &Numbers) -> Result<(), EsError> {
     if let Some(e) = indivisible {
         return Err(e);
     }
+    // Member ids and loop counters are 32-bit in the program.
+    if s.n > i32::MAX as usize {
+        return Err(invalid(
+            format!(
+                "{n} = {} exceeds the program's 32-bit member ids (at most {})",
+                s.n,
+                i32::MAX
+            ),
+            format!("lower {n}"),
+        ));
+    }
+    // XLA flushes subnormal floats to zero, so such a σ perturbs no member at all, and
+    // lr/(n·σ) is the update's f32 factor: where it overflows the first update is inf.
+    if s.sigma < f32::MIN_POSITIVE {
+        return Err(invalid(
+            format!(
+                "{sigma} = {:e} is too small for float32: below {:e} it is flushed to zero and \
+                 perturbs nothing",
+                s.sigma,
+                f32::MIN_POSITIVE
+            ),
+            format!("set {sigma} to a small positive number{such_as} 0.01"),
+        ));
+    }
+    let scale = s.lr / (s.n as f32 * s.sigma);
+    if !scale.is_finite() {
+        return Err(invalid(
+            format!(
+                "{lr} / ({n} · {sigma}) = {} / ({} · {:e}) overflows float32: the update would be \
+                 infinite",
+                s.lr, s.n, s.sigma
+            ),
+            format!("raise {sigma} or lower {lr}"),
+        ));
+    }
     if s.member_chunk == Some(0) {
         let chunk = key("member_chunk");
         return Err(invalid(
@@ -520,7 +555,7 @@ impl EsSpec {
                 member_chunk: self.member_chunk,
             },
         )?;
-        Ok(ShardedES {
+        let es = ShardedES {
             strategy,
             n: self.n,
             sigma: self.sigma,
@@ -531,7 +566,23 @@ impl EsSpec {
             member_chunk: self.member_chunk,
             member_bytes: None,
             keep_noise_bytes: self.keep_noise_bytes(),
-        })
+        };
+        // A chunk that is set (by es.member_chunk or the strategy's chunk = C) must divide
+        // the members per device; checked here, before any program is built.
+        if self.member_chunk.is_some() || es.strategy.chunk().is_some() {
+            let key = if self.member_chunk.is_some() {
+                "es.member_chunk"
+            } else {
+                "es.strategy"
+            };
+            es.member_chunk().map_err(|e| {
+                invalid(
+                    format!("{key}: {}", e.message()),
+                    e.fix().unwrap_or_default(),
+                )
+            })?;
+        }
+        Ok(es)
     }
 }
 
@@ -547,6 +598,40 @@ mod tests {
     fn build_err(spec: &EsSpec, devices: usize) -> (String, String) {
         let e = spec.build(devices).expect_err("invalid settings");
         (e.message(), e.fix().expect("a fix"))
+    }
+
+    #[test]
+    fn es_spec_refuses_what_the_program_cannot_run_before_building_it() {
+        let mut s = EsSpec::new(32, 0.01, 0.01);
+        // A chunk that does not divide the 4 members per device on 8 devices.
+        s.member_chunk = Some(3);
+        let (m, fix) = build_err(&s, 8);
+        assert!(m.starts_with("es.member_chunk: member chunk 3"), "{m}");
+        assert!(fix.contains("divisor of 4"), "{fix}");
+        // The strategy's own chunk is checked the same way, naming es.strategy.
+        let mut s = EsSpec::new(32, 0.01, 0.01);
+        s.strategy = "seed_regenerated(chunk=1000000)".parse().unwrap();
+        let (m, _) = build_err(&s, 2);
+        assert!(m.starts_with("es.strategy: member chunk 1000000"), "{m}");
+        // A subnormal sigma is flushed to zero by XLA: refused.
+        let (m, fix) = build_err(&EsSpec::new(32, 1e-45, 0.01), 2);
+        assert!(
+            m.contains("es.sigma = 1e-45 is too small for float32"),
+            "{m}"
+        );
+        assert!(fix.contains("es.sigma"), "{fix}");
+        // lr/(n·sigma) overflowing f32.
+        let (m, fix) = build_err(&EsSpec::new(32, 1e-37, 1e30), 2);
+        assert!(m.contains("overflows float32"), "{m}");
+        assert_eq!(fix, "raise es.sigma or lower es.lr");
+        // The library names the numbers without the section.
+        let e = ShardedES::new(from_spec(&default_strategy()), 32, 1e-45, 0.01, 2)
+            .expect_err("subnormal sigma");
+        assert!(e.message().starts_with("sigma = 1e-45 is too small"), "{e}");
+        // Member ids are i32 in the program.
+        let n = (i32::MAX as usize + 1) * 2;
+        let (m, _) = build_err(&EsSpec::new(n, 0.01, 0.01), 1);
+        assert!(m.contains("exceeds the program's 32-bit member ids"), "{m}");
     }
 
     #[test]
