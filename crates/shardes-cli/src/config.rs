@@ -579,6 +579,81 @@ impl Config {
         Ok(())
     }
 
+    /// The files whose contents determine the trajectory beside the config's values, by
+    /// the key that names them: a qwen2 problem's data, tokenizer and checkpoint files
+    /// (`config.json`, the `*.safetensors` and their index, `tokenizer.json`). The
+    /// trajectory hash covers their paths; [`Config::input_digests`] their contents.
+    pub fn input_files(&self) -> Vec<(String, PathBuf)> {
+        let mut files = Vec::new();
+        if let ProblemConfig::Qwen2 {
+            checkpoint,
+            data,
+            tokenizer,
+            ..
+        } = &self.problem
+        {
+            if let Some(dir) = checkpoint {
+                let mut in_dir: Vec<PathBuf> = std::fs::read_dir(dir)
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .map(|e| e.path())
+                    .filter(|p| {
+                        let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                        name == "config.json"
+                            || name == "tokenizer.json"
+                            || name.ends_with(".safetensors")
+                            || name.ends_with(".safetensors.index.json")
+                    })
+                    .collect();
+                in_dir.sort();
+                files.extend(
+                    in_dir
+                        .into_iter()
+                        .map(|p| ("problem.checkpoint".to_string(), p)),
+                );
+            }
+            if let Some(t) = tokenizer {
+                files.push(("problem.tokenizer".into(), t.clone()));
+            }
+            if let Some(d) = data {
+                files.push(("problem.data".into(), d.clone()));
+            }
+        }
+        files
+    }
+
+    /// The sha256 of every [`Config::input_files`] file, by its path: stored with each
+    /// checkpoint, so that a resume on changed data, tokenizer or weights is refused.
+    pub fn input_digests(&self) -> Result<std::collections::BTreeMap<String, String>, ConfigError> {
+        use sha2::{Digest, Sha256};
+        use std::io::Read;
+        let mut out = std::collections::BTreeMap::new();
+        for (key, path) in self.input_files() {
+            let read = || -> std::io::Result<String> {
+                let mut f = std::fs::File::open(&path)?;
+                let mut h = Sha256::new();
+                let mut buf = vec![0u8; 1 << 20];
+                loop {
+                    let k = f.read(&mut buf)?;
+                    if k == 0 {
+                        break;
+                    }
+                    h.update(&buf[..k]);
+                }
+                Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+            };
+            let digest = read().map_err(|e| {
+                ConfigError::new(
+                    format!("{key}: cannot read {}: {e}", path.display()),
+                    format!("check that {key} names a readable file"),
+                )
+            })?;
+            out.insert(path.display().to_string(), digest);
+        }
+        Ok(out)
+    }
+
     /// A stable hash of the settings that determine the trajectory (everything but
     /// `run.generations`, `run.out`, `run.checkpoint_every` and `plugin`), so a resume can refuse
     /// an out directory that belongs to another run.

@@ -160,3 +160,43 @@ fn qwen2_config_errors_name_the_key_and_the_fix() {
         "config.json",
     );
 }
+
+/// The trajectory covers the problem's files by content, not only by path: a resume after
+/// the data file was edited in place is refused (exit 2, naming the file), and the same
+/// files resume.
+#[test]
+fn resume_on_changed_data_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let data = write(d.path(), "d.jsonl", DATA);
+    let problem = format!(
+        "checkpoint = \"{}\"\ndata = \"{}\"",
+        checkpoint(),
+        data.display()
+    );
+    let c = config(d.path(), &problem, 2);
+    let o = shardes(&["run", &c]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    let longer = config(d.path(), &problem, 4);
+    std::fs::write(&data, DATA.replace("low rank noise", "full rank noise")).unwrap();
+    let state = std::fs::read(d.path().join("out/state.json")).unwrap();
+    common::refused(
+        &["run", &longer, "--resume"],
+        &format!(
+            "--resume: {} changed since the checkpoint was written",
+            data.display()
+        ),
+        "start over with --force",
+    );
+    assert_eq!(
+        std::fs::read(d.path().join("out/state.json")).unwrap(),
+        state
+    );
+    std::fs::write(&data, DATA).unwrap();
+    let o = shardes(&["run", &longer, "--resume"]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    assert!(
+        text(&o).0.contains("resuming at generation 2"),
+        "{:?}",
+        text(&o)
+    );
+}

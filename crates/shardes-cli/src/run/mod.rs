@@ -178,7 +178,13 @@ impl Progress {
 /// Copies the parameters to the host and writes them as the checkpoint of the generation
 /// the trainer runs next, unless they are not finite (then the run has diverged: no
 /// checkpoint, a failure naming the cause).
-fn checkpoint(rundir: &mut RunDir, trainer: &Trainer, key: Key, config: &Config) -> Result<()> {
+fn checkpoint(
+    rundir: &mut RunDir,
+    trainer: &Trainer,
+    key: Key,
+    config: &Config,
+    inputs: &serde_json::Value,
+) -> Result<()> {
     let params = trainer
         .params()
         .context("copying the parameters to the host")?;
@@ -190,7 +196,7 @@ fn checkpoint(rundir: &mut RunDir, trainer: &Trainer, key: Key, config: &Config)
         );
     }
     rundir
-        .write_checkpoint(key.data(), g, &params, None)
+        .write_checkpoint(key.data(), g, &params, Some(inputs.clone()))
         .map_err(rundir_error)?;
     Ok(())
 }
@@ -203,6 +209,8 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
         config.plugin = Some(p.clone());
     }
     let hash = config.trajectory_hash();
+    // The contents of the problem's files, which the hash covers only by path.
+    let inputs = serde_json::json!({ "inputs": config.input_digests()? });
     let dir = config.run.out.clone();
     // Everything the config alone can refuse is refused before the directory is looked at.
     let total = u32::try_from(config.run.generations).map_err(|_| {
@@ -237,6 +245,7 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
                 )
                 .into());
             }
+            check_inputs(ckpt.state().extra.as_ref(), &inputs)?;
             s.problem.params = ckpt.params(&s.problem.params).map_err(rundir_error)?;
             ckpt.state().generation
         }
@@ -368,7 +377,7 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
             return Err(finite::diverged_fitness((&config.es).into(), g, &bad, last, &dir).into());
         }
         if every > 0 && (done as usize).is_multiple_of(every) && done < total {
-            if let Err(e) = checkpoint(&mut rundir, &trainer, key, &config) {
+            if let Err(e) = checkpoint(&mut rundir, &trainer, key, &config, &inputs) {
                 progress.finish();
                 return Err(e);
             }
@@ -381,7 +390,7 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
     let result = if rundir.committed().map(|s| s.generation) == Some(g) {
         Ok(())
     } else {
-        checkpoint(&mut rundir, &trainer, key, &config)
+        checkpoint(&mut rundir, &trainer, key, &config, &inputs)
     };
     progress.finish();
     result?;
@@ -419,4 +428,41 @@ fn extra_scalars(config: &Config, fitness_mean: f64) -> std::collections::BTreeM
         extra.insert("return".to_string(), -fitness_mean);
     }
     extra
+}
+
+/// Refuses a resume whose input files (data, tokenizer, checkpoint weights) differ from the
+/// ones the checkpoint was written with. Checkpoints that recorded none (older runs) pass.
+fn check_inputs(extra: Option<&serde_json::Value>, now: &serde_json::Value) -> Result<()> {
+    let Some(then) = extra
+        .and_then(|e| e.get("inputs"))
+        .and_then(|i| i.as_object())
+    else {
+        return Ok(());
+    };
+    let now = now.get("inputs").and_then(|i| i.as_object());
+    for (path, digest) in then {
+        let current = now.and_then(|n| n.get(path));
+        if current != Some(digest) {
+            let what = if current.is_none() {
+                "is no longer an input of this config"
+            } else {
+                "changed since the checkpoint was written"
+            };
+            return Err(ConfigError::new(
+                format!("--resume: {path} {what}"),
+                "resume with the files the run started with, or start over with --force",
+            )
+            .into());
+        }
+    }
+    if let Some(now) = now {
+        if let Some(path) = now.keys().find(|p| !then.contains_key(*p)) {
+            return Err(ConfigError::new(
+                format!("--resume: {path} was not an input when the checkpoint was written"),
+                "resume with the files the run started with, or start over with --force",
+            )
+            .into());
+        }
+    }
+    Ok(())
 }
