@@ -487,6 +487,28 @@ fn check_es_table(es: &toml::Table) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// Where `span` starts in `text`, for a message: ` at line L, column C (`the line`)`, the
+/// line cut to 80 characters; empty without a span.
+fn place(text: &str, span: Option<std::ops::Range<usize>>) -> String {
+    let Some(span) = span else {
+        return String::new();
+    };
+    let Some(before) = text.get(..span.start) else {
+        return String::new();
+    };
+    let line_no = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    let line: String = text
+        .lines()
+        .nth(line_no - 1)
+        .unwrap_or("")
+        .trim()
+        .chars()
+        .take(80)
+        .collect();
+    format!(" at line {line_no}, column {column} (`{line}`)")
+}
+
 impl Config {
     /// Reads and validates a config file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
@@ -503,8 +525,13 @@ impl Config {
     pub fn parse(text: &str) -> Result<Config, ConfigError> {
         let table: toml::Table = toml::from_str(text).map_err(|e| {
             ConfigError::new(
-                format!("the config is not valid TOML: {}", e.message()),
-                "check the line the TOML parser names",
+                format!(
+                    "the config is not valid TOML{}: {}",
+                    place(text, e.span()),
+                    e.message()
+                ),
+                "fix the TOML syntax on that line (strings in double quotes, one key = value \
+                 per line, [section] headers)",
             )
         })?;
         check_keys(&table, "", TOP_KEYS)?;
@@ -540,15 +567,10 @@ impl Config {
             let msg = e.message().to_string();
             // serde names the expected type but not the key; the span points at the value,
             // so quote the line it is on.
-            let place = problem_value_span(text, &table, e.span())
-                .or_else(|| e.span())
-                .and_then(|span| {
-                    let start = text.get(..span.start)?;
-                    let line_no = start.matches('\n').count() + 1;
-                    let line = text.lines().nth(line_no - 1)?.trim();
-                    Some(format!(" at line {line_no} (`{line}`)"))
-                })
-                .unwrap_or_default();
+            let place = place(
+                text,
+                problem_value_span(text, &table, e.span()).or_else(|| e.span()),
+            );
             ConfigError::new(
                 format!("wrong value in the config{place}: {msg}"),
                 "see examples/quickstart.toml for the type of each key",

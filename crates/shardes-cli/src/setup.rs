@@ -13,7 +13,7 @@ use shardes::hlo::builder::DType;
 use shardes::hlo::es::{Model, ShardedES};
 use shardes::problem::Setting;
 use shardes::runtime::plugin::{CPU, NAMED};
-use shardes::runtime::{Client, ClientOptions, Plugin};
+use shardes::runtime::{Client, ClientOptions, Plugin, RuntimeError};
 use shardes::{Problem, ProblemError, Qwen2Source, Qwen2Weights};
 
 use crate::config::{control, es_error, transformer_block, Config, ConfigError, ProblemConfig};
@@ -189,25 +189,31 @@ pub fn client_for(plugin: Option<&str>, devices: usize) -> anyhow::Result<Client
         }
         (Some(p), None) => {
             let path = Path::new(p);
-            if !path.is_file() {
+            let hint = "check the path (relative paths start at the current directory), or use \
+                        plugin = \"cpu\", \"cuda\" or \"tpu\"";
+            if !path.exists() {
                 return Err(ConfigError::new(
                     format!("plugin `{}` does not exist", path.display()),
-                    "check the path (relative paths start at the current directory), or use \
-                     plugin = \"cpu\", \"cuda\" or \"tpu\"",
+                    hint,
                 )
                 .into());
             }
+            // The runtime checks the file before opening it (a directory, a truncated or
+            // foreign file, no GetPjrtApi): each is the user's path to fix.
             let loaded: Arc<Plugin> = Plugin::load(path)
-                .with_context(|| format!("loading the PJRT plugin {}", path.display()))?;
+                .map_err(|e| ConfigError::new(format!("plugin `{}`: {e}", path.display()), hint))?;
             // Simulated devices are a CPU-plugin option; a plugin with real devices may
-            // refuse it, so ask again without it.
+            // refuse it, so ask again without it — unless the count itself was refused.
             Client::new(
                 Arc::clone(&loaded),
                 ClientOptions {
                     cpu_device_count: Some(devices),
                 },
             )
-            .or_else(|_| Client::new(loaded, ClientOptions::default()))
+            .or_else(|e| match e {
+                RuntimeError::TooManyDevices { .. } => Err(e),
+                _ => Client::new(loaded, ClientOptions::default()),
+            })
             .with_context(|| format!("creating a PJRT client on {}", path.display()))
         }
     }

@@ -150,3 +150,28 @@ fn missing_config_file_and_bad_usage() {
     let o = shardes(&["--help"]);
     assert_eq!(o.status.code(), Some(0));
 }
+
+#[test]
+fn toml_syntax_errors_name_line_column_and_text() {
+    let d = tempfile::tempdir().unwrap();
+    let c = with(d.path(), "[es]", "[es");
+    refused(&["run", &c], "not valid TOML at line", "TOML syntax");
+    refused(&["check", &c], "column 4 (`[es`)", "on that line");
+}
+
+#[test]
+fn plugin_paths_that_are_not_plugins_are_named() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().to_str().unwrap().to_string();
+    refused(
+        &["devices", "--plugin", &dir],
+        "is a directory, not a plugin library",
+        "check the path",
+    );
+    let text = write(d.path(), "x.so", "not a library");
+    refused(
+        &["devices", "--plugin", text.to_str().unwrap()],
+        "is not an ELF shared object",
+        "check the path",
+    );
+}
