@@ -18,6 +18,7 @@ pub use shardes_hlo as hlo;
 pub use shardes_runtime as runtime;
 
 pub mod bench;
+pub mod dtype;
 #[cfg(feature = "models")]
 pub mod hf;
 pub mod io;

@@ -6,12 +6,12 @@
 //! [`DeviceState::absorb_for`] takes the new state from its results and hands back the
 //! fitness.
 
-use shardes_hlo::builder::DType;
 use shardes_hlo::es::{Layout, ProgramResults};
 use shardes_hlo::params::{Array, ParamTree};
 use shardes_hlo::prng::Key;
-use shardes_runtime::{Buffer, Client, Element};
+use shardes_runtime::{Buffer, Client, Element, ElementType};
 
+use crate::dtype::element_type;
 use crate::Error;
 
 /// The replicated state of one run.
@@ -105,13 +105,13 @@ impl DeviceState {
                     a.shape()
                 )));
             }
-            let bufs = match ty.dtype {
-                DType::F32 => replicate(client, a.data(), a.shape(), devices)?,
-                DType::I32 => replicate(client, &to_i32(name, a)?, a.shape(), devices)?,
-                other => {
+            let bufs = match element_type(ty.dtype) {
+                ElementType::F32 => replicate(client, a.data(), a.shape(), devices)?,
+                ElementType::S32 => replicate(client, &to_i32(name, a)?, a.shape(), devices)?,
+                _ => {
                     return Err(Error::Invalid(format!(
                         "batch array `{name}` has element type {}; batch inputs must be f32 or i32",
-                        other.mlir()
+                        ty.dtype.mlir()
                     )))
                 }
             };
