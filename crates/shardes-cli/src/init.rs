@@ -43,10 +43,13 @@ pub struct InitArgs {
 /// A config's tables in file order: the top level (`""`), then each section.
 const SECTIONS: [&str; 4] = ["", "problem", "es", "run"];
 
+/// Keys of one table with their TOML literals.
+type Values = &'static [(&'static str, &'static str)];
+
 /// The values of the keys without a default, for `problem` (what the starter config
 /// starts from; the rest is defaults). Keyed `(section, key)`, each value a TOML literal.
 fn starting_values(problem: &str) -> Vec<(&'static str, &'static str, &'static str)> {
-    let (es, run): (&[(&str, &str)], &[(&str, &str)]) = match problem {
+    let (es, run): (Values, Values) = match problem {
         // The quickstart's: learns visibly in 30 generations on 8 CPU devices.
         "transformer_block" => (
             &[("n", "256"), ("sigma", "0.01"), ("lr", "0.01")],
@@ -62,7 +65,7 @@ fn starting_values(problem: &str) -> Vec<(&'static str, &'static str, &'static s
             &[("generations", "100")],
         ),
     };
-    let problem_values: &[(&str, &str)] = match problem {
+    let problem_values: Values = match problem {
         "transformer_block" => &[("name", "\"transformer_block\"")],
         "qwen2" => &[
             ("name", "\"qwen2\""),

@@ -386,11 +386,11 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
     };
     progress.finish();
     result?;
+    let loop_secs = t_run.elapsed().as_secs_f64();
     // A run stopped before its first generation has nothing to draw.
     if g > start {
         curves.checkpoint();
     }
-    let loop_secs = t_run.elapsed().as_secs_f64();
     let out = &mut progress.out;
     match outcome {
         Outcome::Finished => outln!(
