@@ -345,6 +345,10 @@ pub struct RunConfig {
     /// Write a checkpoint every this many generations (0: only at the end).
     #[serde(default = "default_checkpoint_every")]
     pub checkpoint_every: usize,
+    /// Also write the per-generation scalars as TensorBoard event files under `out/tb/`.
+    // Left out of the serialized config when off, so configs without it keep their hash.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tensorboard: bool,
 }
 
 fn default_devices() -> usize {
@@ -360,8 +364,8 @@ fn default_checkpoint_every() -> usize {
 /// Valid keys per table, for unknown-key suggestions (`[problem]`'s: [`problem_keys`]). Keep
 /// in sync with the structs above; `every_listed_es_and_run_key_deserializes` checks the
 /// `[es]` and `[run]` lists.
-const TOP_KEYS: &[&str] = &["plugin", "devices", "problem", "es", "run"];
-const ES_KEYS: &[&str] = &[
+pub(crate) const TOP_KEYS: &[&str] = &["plugin", "devices", "problem", "es", "run"];
+pub(crate) const ES_KEYS: &[&str] = &[
     "strategy",
     "n",
     "sigma",
@@ -371,7 +375,13 @@ const ES_KEYS: &[&str] = &[
     "member_chunk",
     "keep_noise_mib",
 ];
-const RUN_KEYS: &[&str] = &["seed", "generations", "out", "checkpoint_every"];
+pub(crate) const RUN_KEYS: &[&str] = &[
+    "seed",
+    "generations",
+    "out",
+    "checkpoint_every",
+    "tensorboard",
+];
 
 fn nearest<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
     candidates
@@ -677,14 +687,15 @@ impl Config {
     }
 
     /// A stable hash of the settings that determine the trajectory (everything but
-    /// `run.generations`, `run.out`, `run.checkpoint_every` and `plugin`), so a resume can refuse
-    /// an out directory that belongs to another run.
+    /// `run.generations`, `run.out`, `run.checkpoint_every`, `run.tensorboard` and `plugin`), so a
+    /// resume can refuse an out directory that belongs to another run.
     pub fn trajectory_hash(&self) -> String {
         use sha2::{Digest, Sha256};
         let mut c = self.clone();
         c.run.generations = 0;
         c.run.out = PathBuf::new();
         c.run.checkpoint_every = 0;
+        c.run.tensorboard = false;
         c.plugin = None;
         let text = serde_json::to_string(&c).unwrap_or_default();
         let digest = Sha256::digest(text.as_bytes());
@@ -722,6 +733,10 @@ checkpoint_every = 10
         let text = QUICK.replace(
             "how = \"B\"",
             "how = \"B\"\nmember_chunk = 8\nkeep_noise_mib = 4",
+        );
+        let text = text.replace(
+            "checkpoint_every = 10",
+            "checkpoint_every = 10\ntensorboard = true",
         );
         let c = Config::parse(&text).expect("every [es] key set");
         assert_eq!(c.es.member_chunk, Some(8));

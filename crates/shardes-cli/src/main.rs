@@ -15,6 +15,7 @@ mod bench;
 mod completions;
 mod config;
 mod diag;
+mod init;
 mod inspect;
 mod out;
 mod plot;
@@ -52,6 +53,8 @@ enum Command {
     Diag(diag::DiagArgs),
     /// Draw a run's curves (fitness, ms/gen, held-out eval) as SVG or PNG; runs overlay.
     Plot(plot::PlotArgs),
+    /// Print a starter config with every key and its default, e.g. `shardes init > my.toml`.
+    Init(init::InitArgs),
     /// Print a shell completion script to stdout, e.g. `shardes completions bash`.
     Completions(completions::CompletionsArgs),
 }
@@ -116,6 +119,7 @@ fn main() -> ExitCode {
         Command::Bench(a) => bench::run(a).map(|()| 0),
         Command::Diag(a) => diag::run(a).map(|()| 0),
         Command::Plot(a) => plot::run(a).map(|()| 0),
+        Command::Init(a) => init::run(a).map(|()| 0),
         Command::Completions(a) => {
             completions::run(a, Cli::command());
             Ok(0)

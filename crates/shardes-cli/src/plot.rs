@@ -42,8 +42,6 @@ pub const CURVES_FILE: &str = "curves.svg";
 /// Draws `out_dir`'s curves to `out_dir/curves.svg` and returns that path.
 ///
 /// `shardes run` calls this at every checkpoint; a viewer never sees a half-written file.
-// Called by `shardes run` at each checkpoint once it is wired in (issue #20).
-#[allow(dead_code)]
 pub fn write_curves(out_dir: &Path) -> Result<PathBuf> {
     let run = load_run(out_dir, name_of(out_dir))?;
     let path = out_dir.join(CURVES_FILE);

@@ -15,6 +15,8 @@
 //!   (with a note on stderr) and the run goes on to its checkpoint and normal exit code;
 //! - SIGINT, SIGTERM and SIGHUP finish the generation, checkpoint and exit 128 + the signal
 //!   ([`signals`]);
+//! - every checkpoint redraws `OUT/curves.svg` and, with `run.tensorboard`, writes the
+//!   generations since the last one to the event file under `OUT/tb/` ([`curves`]);
 //! - a non-finite fitness stops the run (exit 1) after writing its metrics line, and a
 //!   checkpoint whose parameters are not finite is refused the same way, so the last
 //!   checkpoint on disk stays a finite one ([`finite`]).
@@ -22,6 +24,7 @@
 //! The trainer folds the generation into the key on the device, so a run resumed from a
 //! checkpoint at generation g computes exactly what an uninterrupted run computes from g on.
 
+mod curves;
 mod finite;
 mod signals;
 mod start;
@@ -41,6 +44,7 @@ use crate::config::{Config, ConfigError, ProblemConfig};
 use crate::out::{errln, is_closed, outln, Stdout};
 use crate::setup;
 
+use curves::Curves;
 pub use signals::Signal;
 use start::{refusal, rundir_error};
 use summary::{fmt_duration, stats, Summary};
@@ -341,6 +345,7 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
         }
     }
 
+    let mut curves = Curves::new(&dir, config.run.tensorboard);
     let mut progress = Progress::new(out, total, start)?;
     let every = config.run.checkpoint_every;
     let key = s.problem.key;
@@ -368,6 +373,7 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
         // Written before the divergence check: the user sees the NaN generation.
         metrics.append(&m).map_err(rundir_error)?;
         summary.record(&m, true);
+        curves.record(&m);
         let done = g + 1;
         let avg_ms = t_run.elapsed().as_secs_f64() * 1e3 / f64::from(done - start);
         progress.generation(&m, done, total, avg_ms * f64::from(total - done) / 1e3);
@@ -381,6 +387,7 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
                 progress.finish();
                 return Err(e);
             }
+            curves.checkpoint();
         }
     }
     if let Some(sig) = stop.received() {
@@ -395,6 +402,10 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
     progress.finish();
     result?;
     let loop_secs = t_run.elapsed().as_secs_f64();
+    // A run stopped before its first generation has nothing to draw.
+    if g > start {
+        curves.checkpoint();
+    }
     let out = &mut progress.out;
     match outcome {
         Outcome::Finished => outln!(
@@ -414,6 +425,9 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
         ),
     }
     for line in summary.lines(loop_secs, t_command.elapsed().as_secs_f64(), Some(g), &dir) {
+        outln!(out, "{line}");
+    }
+    if let Some(line) = curves.summary_line() {
         outln!(out, "{line}");
     }
     progress.tell(g);

@@ -1,0 +1,511 @@
+//! `shardes init`: a starter config on stdout, every key listed with its default and a
+//! comment, that `shardes run` accepts as it is.
+//!
+//! The text is built from the config module, so that it cannot fall behind it: the keys
+//! are its key lists ([`config::TOP_KEYS`], [`config::PROBLEM_VARIANTS`], ...), and the
+//! values of keys with a default are read back from a [`Config`] parsed from the few
+//! starting values this module chooses (the keys without a default). Only the comments and
+//! the examples for optional keys live here; a test fails when a key has none.
+//!
+//! A problem or task the config module does not know yet (`control`, `countdown`) is refused
+//! with "not available in this build yet": the check is at run time against
+//! [`config::problems`] and the config's sections, so they work here once they exist there.
+
+use anyhow::{Context, Result};
+use clap::builder::PossibleValuesParser;
+use shardes::hlo::es::spec::STRATEGY_NAMES;
+use shardes::hlo::es::KEEP_NOISE_BYTES;
+
+use crate::config::{self, Config, ConfigError, SHAPINGS};
+use crate::out::Stdout;
+
+/// The problems `--problem` offers (those this build lacks are refused when asked for).
+const PROBLEMS: [&str; 3] = ["transformer_block", "qwen2", "control"];
+/// The tasks `--task` offers.
+const TASKS: [&str; 1] = ["countdown"];
+
+/// Arguments of `shardes init`.
+#[derive(Debug, clap::Args)]
+#[command(after_help = "\
+Writes to stdout: `shardes init --problem qwen2 > my.toml`, edit, then `shardes run my.toml`. \
+Set lines hold each key's default (or a starting value where a key has none); commented-out \
+keys are optional, their default is in the comment.")]
+pub struct InitArgs {
+    /// The problem to train.
+    #[arg(long, value_name = "PROBLEM", default_value = "transformer_block",
+          value_parser = PossibleValuesParser::new(PROBLEMS))]
+    pub problem: String,
+    /// A task that scores the problem's outputs (reward fine-tuning of a language model).
+    #[arg(long, value_name = "TASK", value_parser = PossibleValuesParser::new(TASKS))]
+    pub task: Option<String>,
+}
+
+/// A config's tables in file order: the top level (`""`), then each section.
+const SECTIONS: [&str; 4] = ["", "problem", "es", "run"];
+
+/// Keys of one table with their TOML literals.
+type Values = &'static [(&'static str, &'static str)];
+
+/// The values of the keys without a default, for `problem` (what the starter config
+/// starts from; the rest is defaults). Keyed `(section, key)`, each value a TOML literal.
+fn starting_values(problem: &str) -> Vec<(&'static str, &'static str, &'static str)> {
+    let (es, run): (Values, Values) = match problem {
+        // The quickstart's: learns visibly in 30 generations on 8 CPU devices.
+        "transformer_block" => (
+            &[("n", "256"), ("sigma", "0.01"), ("lr", "0.01")],
+            &[("generations", "30")],
+        ),
+        // ES fine-tuning of language models: a small population, small steps.
+        "qwen2" => (
+            &[("n", "32"), ("sigma", "0.001"), ("lr", "0.0005")],
+            &[("generations", "100")],
+        ),
+        _ => (
+            &[("n", "256"), ("sigma", "0.02"), ("lr", "0.01")],
+            &[("generations", "100")],
+        ),
+    };
+    let problem_values: Values = match problem {
+        "transformer_block" => &[("name", "\"transformer_block\"")],
+        "qwen2" => &[
+            ("name", "\"qwen2\""),
+            ("checkpoint", "\"path/to/Qwen2.5-0.5B-Instruct\""),
+            ("data", "\"path/to/data.jsonl\""),
+        ],
+        _ => &[("name", "\"control\""), ("env", "\"cartpole_balance\"")],
+    };
+    let mut v = Vec::new();
+    v.extend(problem_values.iter().map(|&(k, l)| ("problem", k, l)));
+    v.extend(es.iter().map(|&(k, l)| ("es", k, l)));
+    v.extend(run.iter().map(|&(k, l)| ("run", k, l)));
+    v
+}
+
+/// The defaults of `[problem]` keys that are `None` in the config when unset but mean a
+/// fixed value (the config keeps what the user wrote; the problem fills these in).
+fn problem_defaults(problem: &str) -> Vec<(&'static str, String)> {
+    match problem {
+        "transformer_block" => {
+            let b = config::transformer_block(None, None, None);
+            vec![
+                ("d_model", b.d_model.to_string()),
+                ("batch", b.batch.to_string()),
+                ("seq", b.seq.to_string()),
+            ]
+        }
+        "qwen2" => vec![("compute_dtype", "\"f32\"".into())],
+        _ => Vec::new(),
+    }
+}
+
+/// The comment above a key, and for a key written commented out (one without a fixed
+/// default) the example value it shows. `None` for a key this module does not know.
+fn doc(section: &str, key: &str, problem: &str) -> Option<(String, Option<String>)> {
+    let d = |text: &str| Some((text.to_string(), None));
+    let e = |text: &str, example: &str| Some((text.to_string(), Some(example.to_string())));
+    match (section, key) {
+        ("", "plugin") => e(
+            "PJRT plugin: \"cpu\", \"cuda\", \"tpu\" or the path of a plugin library. \
+             Default: the CPU plugin, provisioned into the per-user cache on first use.",
+            "\"cpu\"",
+        ),
+        ("", "devices") => d("CPU devices to simulate (ignored by plugins with real devices)."),
+        ("problem", "name") => Some((
+            format!("The problem to train: {}.", config::problems().join(", ")),
+            None,
+        )),
+        ("problem", "d_model") => d("Model width."),
+        ("problem", "batch") if problem == "qwen2" => e(
+            "Sequences per batch. Default: the number of examples in `data`, which it must \
+             equal when set.",
+            "4",
+        ),
+        ("problem", "batch") => d("Sequences per batch."),
+        ("problem", "seq") if problem == "qwen2" => e(
+            "Tokens per sequence. Default: the longest example's prompt + target - 1.",
+            "16",
+        ),
+        ("problem", "seq") => d("Tokens per sequence."),
+        ("problem", "checkpoint") => d(
+            "FILL IN: a Hugging Face checkpoint directory (config.json, *.safetensors, \
+             tokenizer.json), e.g. a download of Qwen/Qwen2.5-0.5B-Instruct. Or delete this \
+             line and set `size` instead.",
+        ),
+        ("problem", "size") => e(
+            "Instead of `checkpoint`: a preset with random parameters, \"tiny\", \"0.5b\" or \
+             \"1.5b\" (set one of the two).",
+            "\"tiny\"",
+        ),
+        ("problem", "data") => d(
+            "FILL IN: a JSONL file, one example per line: {\"prompt\": \"...\", \"target\": \
+             \"...\"} (needs a tokenizer) or {\"prompt_ids\": [...], \"target_ids\": [...]}.",
+        ),
+        ("problem", "tokenizer") => e(
+            "A tokenizer.json. Default: the checkpoint's.",
+            "\"path/to/tokenizer.json\"",
+        ),
+        ("problem", "compute_dtype") => d(
+            "The forward's dtype: \"f32\" or \"bf16\" (the master weights and the fitness \
+             stay f32).",
+        ),
+        ("problem", "env") => d("The environment the policy acts in."),
+        ("problem", "episodes") => e(
+            "Episodes per member (common random numbers: the same episode keys for every \
+             member).",
+            "4",
+        ),
+        ("problem", "episode_length") => e("Steps per episode.", "200"),
+        ("problem", "hidden") => e("Hidden layer sizes of the tanh MLP policy.", "[32, 32]"),
+        ("es", "strategy") => Some((
+            format!(
+                "Perturbation strategy: {} (e.g. \"lowrank(r=2)\", \"mirrored(seed_regenerated)\").",
+                STRATEGY_NAMES.join(", ")
+            ),
+            None,
+        )),
+        ("es", "n") => d(
+            "Population size: a multiple of devices x pairing (2 for mirrored strategies).",
+        ),
+        ("es", "sigma") => d("Noise scale (> 0)."),
+        ("es", "lr") => d("Learning rate."),
+        ("es", "shaping") => Some((
+            format!("Fitness shaping: {}.", SHAPINGS.join(", ")),
+            None,
+        )),
+        ("es", "how") => d(
+            "Where the update is contracted: \"B\" (per device, then all-reduce) or \"A\" \
+             (gather the weights, contract everywhere).",
+        ),
+        ("es", "member_chunk") => e(
+            "Members evaluated together per loop step on each device. Default: chosen by \
+             memory.",
+            "8",
+        ),
+        ("es", "keep_noise_mib") => {
+            let mib = (KEEP_NOISE_BYTES >> 20).to_string();
+            let about = format!(
+                "MiB of noise per device that how = \"B\" keeps from apply for tell (0: always \
+                 regenerate). Default: {mib}."
+            );
+            e(&about, &mib)
+        }
+        ("run", "seed") => d("The run's PRNG key is key(seed); the parameters, the batch and the noise derive from it."),
+        ("run", "generations") => d("Generations to run."),
+        ("run", "out") => d(
+            "Output directory: metrics.jsonl, the checkpoint (params.safetensors, state.json), \
+             the resolved config.toml, curves.svg.",
+        ),
+        ("run", "checkpoint_every") => d(
+            "Write a checkpoint (and redraw curves.svg) every this many generations; 0: only \
+             at the end.",
+        ),
+        ("run", "tensorboard") => e(
+            "Also write the per-generation scalars as TensorBoard event files under out/tb/ \
+             (`tensorboard --logdir OUT/tb`). Default: false.",
+            "true",
+        ),
+        _ => None,
+    }
+}
+
+/// The keys of `section` for `problem`, in the config's order.
+fn keys(section: &str, problem: &str) -> Vec<&'static str> {
+    match section {
+        "" => config::TOP_KEYS
+            .iter()
+            .copied()
+            .filter(|k| !SECTIONS.contains(k))
+            .collect(),
+        "problem" => {
+            let own = config::PROBLEM_VARIANTS
+                .iter()
+                .find(|(n, _)| *n == problem)
+                .map_or(&[][..], |(_, ks)| *ks);
+            std::iter::once("name").chain(own.iter().copied()).collect()
+        }
+        "es" => config::ES_KEYS.to_vec(),
+        _ => config::RUN_KEYS.to_vec(),
+    }
+}
+
+/// `v` as a TOML literal; an f32 setting keeps its short form (`0.01`, not the f64 of it).
+fn literal(v: &toml::Value) -> String {
+    match v {
+        toml::Value::Float(x) if f64::from(*x as f32) == *x => format!("{:?}", *x as f32),
+        other => other.to_string(),
+    }
+}
+
+/// Comment lines of at most ~90 columns.
+fn comment(text: &str) -> String {
+    let mut out = String::new();
+    let mut line = String::from("#");
+    for word in text.split_whitespace() {
+        if line.len() + 1 + word.len() > 90 && line.len() > 1 {
+            out.push_str(&line);
+            out.push('\n');
+            line = String::from("#");
+        }
+        line.push(' ');
+        line.push_str(word);
+    }
+    out.push_str(&line);
+    out.push('\n');
+    out
+}
+
+/// Refuses what this build cannot configure yet, naming what it can.
+fn check_available(problem: &str, task: Option<&str>) -> Result<(), ConfigError> {
+    let known = config::problems();
+    if !known.contains(&problem) {
+        return Err(ConfigError::new(
+            format!("--problem {problem}: not available in this build yet"),
+            format!("available problems: {}", known.join(", ")),
+        ));
+    }
+    // A task is a `[task]` section of the config, which this build does not have. When the
+    // config gains it: a `[task]` entry in SECTIONS (written only with --task), its keys in
+    // `keys` and its comments in `doc`; the tests then check it like the other sections.
+    if let Some(task) = task {
+        if !config::TOP_KEYS.contains(&"task") {
+            return Err(ConfigError::new(
+                format!("--task {task}: not available in this build yet"),
+                "leave out --task: this build trains on the problem's own loss",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The starter config for `problem` (and `task`).
+pub fn starter(problem: &str, task: Option<&str>) -> Result<String> {
+    check_available(problem, task)?;
+    let start = starting_values(problem);
+    // Parse the starting values alone: what serde fills in are the defaults.
+    let mut minimal = String::new();
+    for section in SECTIONS {
+        if !section.is_empty() {
+            minimal.push_str(&format!("[{section}]\n"));
+        }
+        for (_, k, l) in start.iter().filter(|(s, _, _)| *s == section) {
+            minimal.push_str(&format!("{k} = {l}\n"));
+        }
+    }
+    let parsed = Config::parse(&minimal)
+        .with_context(|| format!("init's starting values for {problem} do not parse"))?;
+    let resolved = toml::Table::try_from(&parsed).context("serializing the starting config")?;
+    let fixed = problem_defaults(problem);
+
+    let mut text = comment(&format!(
+        "A shardes run config, written by `shardes init --problem {problem}`. Run it with \
+         `shardes run FILE`. Every key is listed: a set line holds the key's default (or a \
+         starting value, for the few keys without one); a commented-out key is optional, \
+         with its default in the comment. Unknown keys are refused."
+    ));
+    if start
+        .iter()
+        .any(|&(s, k, _)| doc(s, k, problem).is_some_and(|(d, _)| d.starts_with("FILL IN")))
+    {
+        text.push_str(&comment(
+            "Before running, fill in the keys marked FILL IN (paths on this machine).",
+        ));
+    }
+    for section in SECTIONS {
+        text.push('\n');
+        if !section.is_empty() {
+            text.push_str(&format!("[{section}]\n"));
+        }
+        let table = if section.is_empty() {
+            Some(&resolved)
+        } else {
+            resolved.get(section).and_then(toml::Value::as_table)
+        };
+        for (i, key) in keys(section, problem).into_iter().enumerate() {
+            let (about, example) = doc(section, key, problem)
+                .unwrap_or_else(|| ("See the README's config schema.".into(), None));
+            let value = start
+                .iter()
+                .find(|&&(s, k, _)| s == section && k == key)
+                .map(|&(_, _, l)| l.to_string())
+                .or_else(|| match section {
+                    "problem" => fixed
+                        .iter()
+                        .find(|(k, _)| *k == key)
+                        .map(|(_, v)| v.clone()),
+                    _ => None,
+                })
+                .or_else(|| table.and_then(|t| t.get(key)).map(literal));
+            if i > 0 {
+                text.push('\n');
+            }
+            text.push_str(&comment(&about));
+            match (value, example) {
+                (Some(v), _) => text.push_str(&format!("{key} = {v}\n")),
+                (None, Some(x)) => text.push_str(&format!("# {key} = {x}\n")),
+                (None, None) => text.push_str(&format!("# {key} =\n")),
+            }
+        }
+    }
+    Ok(text)
+}
+
+/// Runs `shardes init`: the starter config on stdout.
+pub fn run(args: &InitArgs) -> Result<()> {
+    let text = starter(&args.problem, args.task.as_deref())?;
+    let mut out = Stdout::new();
+    out.text(&text);
+    out.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The key a line sets (`key = v`) or shows commented out (`# key = v`), and whether it
+    /// is set.
+    fn key_of(line: &str) -> Option<(&str, bool)> {
+        let (k, set) = match line.strip_prefix("# ") {
+            Some(rest) => (rest, false),
+            None => (line, true),
+        };
+        let (k, _) = k.split_once(" =")?;
+        k.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+            .then_some((k, set))
+    }
+
+    /// The set and the commented-out keys of a starter config, per section.
+    fn listed(text: &str) -> Vec<(String, String, bool)> {
+        let mut section = String::new();
+        let mut keys = Vec::new();
+        for line in text.lines() {
+            if let Some(s) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+                section = s.to_string();
+            } else if let Some((k, set)) = key_of(line) {
+                keys.push((section.clone(), k.to_string(), set));
+            }
+        }
+        keys
+    }
+
+    #[test]
+    fn every_key_of_every_problem_is_listed_with_a_comment() {
+        for problem in config::problems() {
+            let text = starter(problem, None).expect("a starter config");
+            let listed = listed(&text);
+            for section in SECTIONS {
+                for key in keys(section, problem) {
+                    assert!(
+                        doc(section, key, problem).is_some(),
+                        "{problem}: [{section}] {key} has no comment in init::doc: add one"
+                    );
+                    let n = listed
+                        .iter()
+                        .filter(|(s, k, _)| s == section && k == key)
+                        .count();
+                    assert_eq!(
+                        n, 1,
+                        "{problem}: [{section}] {key} listed {n} times:\n{text}"
+                    );
+                }
+            }
+            assert_eq!(
+                listed.len(),
+                SECTIONS
+                    .iter()
+                    .map(|s| keys(s, problem).len())
+                    .sum::<usize>(),
+                "{problem}: a line that is no key:\n{text}"
+            );
+        }
+    }
+
+    /// Set lines of defaults can go (the same config without them) and commented-out keys
+    /// can be set (their examples are valid values): both parse.
+    #[test]
+    fn defaults_are_the_configs_and_examples_parse() {
+        for problem in config::problems() {
+            let text = starter(problem, None).expect("a starter config");
+            let full = Config::parse(&text).expect("the starter parses");
+            let start = starting_values(problem);
+            let fixed = problem_defaults(problem);
+            let mut section = String::new();
+            let mut stripped = String::new();
+            for line in text.lines() {
+                if let Some(s) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+                    section = s.to_string();
+                }
+                let set_key = key_of(line).filter(|(_, set)| *set).map(|(k, _)| k);
+                let is_start = start
+                    .iter()
+                    .any(|&(s, k, _)| s == section && Some(k) == set_key);
+                if set_key.is_none() || is_start {
+                    stripped.push_str(line);
+                    stripped.push('\n');
+                }
+            }
+            let bare = Config::parse(&stripped).expect("without the defaults");
+            assert_eq!(bare.devices, full.devices, "{problem}");
+            assert_eq!(bare.es, full.es, "{problem}");
+            assert_eq!(bare.run, full.run, "{problem}");
+            if let config::ProblemConfig::TransformerBlock {
+                d_model,
+                batch,
+                seq,
+            } = full.problem
+            {
+                assert_eq!(
+                    config::transformer_block(d_model, batch, seq),
+                    config::transformer_block(None, None, None)
+                );
+            }
+            assert!(fixed
+                .iter()
+                .all(|(k, _)| text.contains(&format!("\n{k} = "))));
+            // Each commented-out key, set alone.
+            for line in text.lines() {
+                let Some((key, false)) = key_of(line) else {
+                    continue;
+                };
+                let set = text.replacen(line, &line[2..], 1);
+                // `size` replaces `checkpoint` (they exclude each other).
+                let set = if key == "size" {
+                    set.replace("\ncheckpoint = ", "\n# checkpoint = ")
+                } else {
+                    set
+                };
+                Config::parse(&set).unwrap_or_else(|e| panic!("{problem}: {line}: {e}"));
+            }
+        }
+    }
+
+    #[test]
+    fn unknown_problems_and_tasks_are_not_available_yet() {
+        for problem in PROBLEMS {
+            let known = config::problems().contains(&problem);
+            let got = starter(problem, None);
+            assert_eq!(got.is_ok(), known, "{problem}");
+            if let Err(e) = got {
+                assert!(
+                    e.to_string().contains("not available in this build yet"),
+                    "{e}"
+                );
+            }
+        }
+        if !config::TOP_KEYS.contains(&"task") {
+            let e = starter("qwen2", Some("countdown")).unwrap_err().to_string();
+            assert!(
+                e.contains("--task countdown: not available in this build yet"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn float_literals_keep_their_short_form() {
+        assert_eq!(literal(&toml::Value::Float(f64::from(0.01f32))), "0.01");
+        assert_eq!(literal(&toml::Value::Float(1.0)), "1.0");
+        assert_eq!(literal(&toml::Value::Float(0.1)), "0.1");
+        assert_eq!(literal(&toml::Value::String("a".into())), "\"a\"");
+    }
+}

@@ -1,0 +1,155 @@
+//! What `shardes run` leaves to look at: `OUT/curves.svg` at every checkpoint, and with
+//! `run.tensorboard = true` event files under `OUT/tb/` whose scalars are metrics.jsonl's.
+//!
+//! Exact: TensorBoard scalars are f32, and each must equal its metrics.jsonl value rounded
+//! to f32; the steps are the generations, in order.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// `small_config` with `run.tensorboard` set.
+fn config(out: &Path, generations: usize, every: usize, tensorboard: bool) -> String {
+    format!(
+        "{}tensorboard = {tensorboard}\n",
+        small_config(out, generations, every)
+    )
+}
+
+/// The event files under `out/tb`, in name order (creation order within a second).
+fn event_files(out: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(out.join("tb"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    files
+}
+
+/// Every scalar of the event files under `out/tb`, file by file.
+fn tb_scalars(out: &Path) -> Vec<(String, i64, f32)> {
+    event_files(out)
+        .iter()
+        .flat_map(|f| shardes::tensorboard::scalars(&shardes::tensorboard::read_events(f).unwrap()))
+        .collect()
+}
+
+/// The scalars the metrics of generations `from..` of `out` should have become.
+fn expected(out: &Path, from: u32) -> Vec<(String, i64, f32)> {
+    metrics(out)
+        .iter()
+        .filter(|m| m.generation >= from)
+        .flat_map(|m| {
+            let step = i64::from(m.generation);
+            [
+                ("fitness/mean", m.fitness_mean),
+                ("fitness/min", m.fitness_min),
+                ("fitness/max", m.fitness_max),
+                ("time/ms_per_generation", m.ms),
+            ]
+            .map(|(tag, v)| (tag.to_string(), step, v as f32))
+        })
+        .collect()
+}
+
+fn assert_svg(path: &Path) {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let doc = roxmltree::Document::parse(&text).expect("curves.svg is XML");
+    assert_eq!(doc.root_element().tag_name().name(), "svg");
+}
+
+#[test]
+fn a_run_leaves_curves_and_tensorboard_scalars_that_match_its_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let cfg = write(dir.path(), "c.toml", &config(&out, 4, 2, true));
+    let o = shardes(&["run", cfg.to_str().unwrap()]);
+    let (stdout, stderr) = text(&o);
+    assert!(o.status.success(), "{stdout}\n{stderr}");
+    assert!(!stderr.contains("warning"), "{stderr}");
+    assert_svg(&out.join("curves.svg"));
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("  curves   "))
+        .unwrap_or_else(|| panic!("no curves line in the summary:\n{stdout}"));
+    assert!(
+        line.contains(&out.join("curves.svg").display().to_string())
+            && line.contains(&format!(
+                "tensorboard --logdir {}",
+                out.join("tb").display()
+            )),
+        "{line}"
+    );
+    assert_eq!(event_files(&out).len(), 1);
+    assert_eq!(metrics(&out).len(), 4);
+    assert_eq!(tb_scalars(&out), expected(&out, 0));
+}
+
+/// `run.tensorboard` is an output setting: turning it on for a resume is accepted, and the
+/// new event file holds the generations this process ran.
+#[test]
+fn tensorboard_can_be_turned_on_for_a_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let off = write(dir.path(), "off.toml", &config(&out, 2, 0, false));
+    let o = shardes(&["run", off.to_str().unwrap()]);
+    let (stdout, stderr) = text(&o);
+    assert!(o.status.success(), "{stdout}\n{stderr}");
+    assert_svg(&out.join("curves.svg"));
+    assert!(!out.join("tb").exists());
+    assert!(!stdout.contains("tensorboard --logdir"), "{stdout}");
+
+    let on = write(dir.path(), "on.toml", &config(&out, 4, 0, true));
+    let o = shardes(&["run", on.to_str().unwrap(), "--resume"]);
+    let (stdout, stderr) = text(&o);
+    assert!(o.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(metrics(&out).len(), 4);
+    assert_eq!(tb_scalars(&out), expected(&out, 2));
+}
+
+/// The curves are redrawn at every checkpoint, not only at the end: a long run has them
+/// while it is still going; SIGTERM then checkpoints and leaves the event file complete.
+#[test]
+fn curves_appear_at_the_first_checkpoint_of_a_running_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let cfg = write(dir.path(), "c.toml", &config(&out, 1_000_000, 2, true));
+    let mut child = bin()
+        .args(["run", cfg.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while !(out.join("curves.svg").exists() && out.join("tb").exists()) {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("shardes exited early: {status}");
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(300),
+            "no curves in 300 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the run is still going"
+    );
+    let pid = i32::try_from(child.id()).unwrap();
+    // SAFETY: sending a signal to our own child process.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let o = child.wait_with_output().unwrap();
+    let (stdout, stderr) = text(&o);
+    assert_eq!(o.status.code(), Some(143), "{stdout}\n{stderr}");
+    assert_svg(&out.join("curves.svg"));
+    let st = state(&out);
+    assert_eq!(
+        metrics(&out).len() as u64,
+        st["generation"].as_u64().unwrap()
+    );
+    assert_eq!(tb_scalars(&out), expected(&out, 0));
+}
