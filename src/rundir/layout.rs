@@ -22,8 +22,22 @@ pub const LOCK: &str = ".lock";
 /// Where a forced fresh start moves the previous run.
 pub const PREVIOUS: &str = "previous";
 
+/// The learning curves the CLI redraws at every checkpoint.
+pub const CURVES: &str = "curves.svg";
+/// TensorBoard event files (`run.tensorboard = true`).
+pub const TENSORBOARD: &str = "tb";
+
 /// The entries a run of ours may hold besides temporaries and per-generation files.
-pub const OURS: [&str; 6] = [STATE, PARAMS, METRICS, CONFIG, MARKER, PREVIOUS];
+pub const OURS: [&str; 8] = [
+    STATE,
+    PARAMS,
+    METRICS,
+    CONFIG,
+    MARKER,
+    PREVIOUS,
+    CURVES,
+    TENSORBOARD,
+];
 
 /// The per-generation parameter file: `params.000042.9f86d081.safetensors` (the generation,
 /// at least 6 digits, and the first 8 hex digits of the file's sha256, so two different

@@ -16,8 +16,9 @@ use clap::builder::PossibleValuesParser;
 use shardes::hlo::es::spec::STRATEGY_NAMES;
 use shardes::hlo::es::KEEP_NOISE_BYTES;
 
-use crate::config::{self, Config, ConfigError, SHAPINGS};
+use crate::config::{self, Config, ConfigError};
 use crate::out::Stdout;
+use shardes::hlo::es::shaping::SHAPING_NAMES;
 
 /// The problems `--problem` offers (those this build lacks are refused when asked for).
 const PROBLEMS: [&str; 3] = ["transformer_block", "qwen2", "control"];
@@ -169,7 +170,7 @@ fn doc(section: &str, key: &str, problem: &str) -> Option<(String, Option<String
         ("es", "sigma") => d("Noise scale (> 0)."),
         ("es", "lr") => d("Learning rate."),
         ("es", "shaping") => Some((
-            format!("Fitness shaping: {}.", SHAPINGS.join(", ")),
+            format!("Fitness shaping: {}.", SHAPING_NAMES.join(", ")),
             None,
         )),
         ("es", "how") => d(
@@ -177,9 +178,9 @@ fn doc(section: &str, key: &str, problem: &str) -> Option<(String, Option<String
              (gather the weights, contract everywhere).",
         ),
         ("es", "member_chunk") => e(
-            "Members evaluated together per loop step on each device. Default: chosen by \
-             memory.",
-            "8",
+            "Members evaluated together per loop step on each device: a divisor of n / devices \
+             and a multiple of the pairing. Default: chosen by memory.",
+            "2",
         ),
         ("es", "keep_noise_mib") => {
             let mib = (KEEP_NOISE_BYTES >> 20).to_string();

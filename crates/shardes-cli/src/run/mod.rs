@@ -213,8 +213,6 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
         config.plugin = Some(p.clone());
     }
     let hash = config.trajectory_hash();
-    // The contents of the problem's files, which the hash covers only by path.
-    let inputs = serde_json::json!({ "inputs": config.input_digests()? });
     let dir = config.run.out.clone();
     // Everything the config alone can refuse is refused before the directory is looked at.
     let total = u32::try_from(config.run.generations).map_err(|_| {
@@ -240,6 +238,9 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
     };
 
     let mut s = setup::build(&config)?;
+    // The contents of the problem's files, which the hash covers only by path (read once
+    // the problem has loaded them, so a missing file is reported by its loader).
+    let inputs = serde_json::json!({ "inputs": config.input_digests()? });
     let start = match prep.take_checkpoint() {
         Some(ckpt) => {
             if ckpt.state().key != s.problem.key.data() {
