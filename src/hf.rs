@@ -4,43 +4,51 @@
 //! The files are memory-mapped and each tensor is converted straight from the mapping into
 //! its f32 leaf (bf16, f16 and f32 are accepted), so the host holds one copy of the model
 //! (the f32 master) plus whatever pages the OS keeps cached. Tensor names are the leaf
-//! paths of [`Qwen2Config::param_shapes`]; extra tensors in the files are ignored.
+//! paths of [`Qwen2Config::param_shapes`]. Extra tensors in the files are ignored, except
+//! decoder layers beyond `num_hidden_layers` (a config that does not match its weights),
+//! and a tensor holding NaN or infinity is refused.
+//!
+//! [`check_checkpoint`] makes every check that needs only the safetensors headers (names,
+//! shapes, dtypes, the layer count) without reading a tensor's values, for programs built
+//! from shapes alone.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use half::{bf16, f16};
 use memmap2::Mmap;
-use safetensors::tensor::{Dtype, SafeTensors};
+use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use serde::Deserialize;
 use shardes_hlo::params::{Array, ParamError, ParamTree};
 use shardes_hlo::problems::qwen2::Qwen2Config;
 use shardes_hlo::problems::ProblemError;
 use thiserror::Error;
 
+use crate::io::describe_safetensors_error;
+
 /// Errors loading a checkpoint; each names the file or tensor and what to do.
+// The causes are part of each message rather than chained sources, so a report that
+// prints the chain does not repeat them.
 #[derive(Debug, Error)]
 pub enum HfError {
     /// A file could not be opened or mapped.
-    #[error("cannot read {}: {source}; check that the checkpoint directory is complete", path.display())]
+    #[error("cannot read {}: {cause}; check that the checkpoint directory is complete", path.display())]
     Read {
         /// The file.
         path: PathBuf,
         /// The OS error.
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// `config.json` or the index is not the JSON we expect.
-    #[error("{} is not a valid {what}: {source}", path.display())]
+    #[error("{} is not a valid {what}: {cause}", path.display())]
     Json {
         /// The file.
         path: PathBuf,
         /// `config.json` or `safetensors index`.
         what: &'static str,
         /// The parser's error.
-        #[source]
-        source: serde_json::Error,
+        cause: serde_json::Error,
     },
     /// The config describes another architecture.
     #[error("{} has model_type `{got}`; only `qwen2` checkpoints are supported", path.display())]
@@ -50,9 +58,14 @@ pub enum HfError {
         /// The model type found.
         got: String,
     },
-    /// The config's sizes are inconsistent.
-    #[error("config.json: {0}")]
-    Config(#[from] ProblemError),
+    /// The config's sizes or settings are invalid.
+    #[error("{}: {error}", path.display())]
+    Config {
+        /// The config file.
+        path: PathBuf,
+        /// What is wrong, naming the field.
+        error: ProblemError,
+    },
     /// Neither `model.safetensors` nor an index exists.
     #[error(
         "{} has neither model.safetensors nor model.safetensors.index.json; point \
@@ -63,12 +76,24 @@ pub enum HfError {
         /// The checkpoint directory.
         dir: PathBuf,
     },
+    /// The index names a shard outside the checkpoint directory.
+    #[error(
+        "{} lists the shard \"{file}\", which is not a file name in the checkpoint \
+         directory; shards are plain file names next to the index",
+        index.display()
+    )]
+    BadShard {
+        /// The index file.
+        index: PathBuf,
+        /// The shard name it lists.
+        file: String,
+    },
     /// A shard is not valid safetensors.
-    #[error("{} is not a valid safetensors file: {message}", path.display())]
+    #[error("{} is not a valid safetensors file: {message}; the checkpoint is damaged or incomplete (download it again)", path.display())]
     Format {
         /// The shard.
         path: PathBuf,
-        /// The parser's message.
+        /// What is wrong with it.
         message: String,
     },
     /// A tensor the model needs is in no file.
@@ -82,6 +107,20 @@ pub enum HfError {
         name: String,
         /// The files searched.
         searched: String,
+    },
+    /// `config.json` and the weights disagree on the number of decoder layers.
+    #[error(
+        "config.json has num_hidden_layers = {config_layers} but the checkpoint holds \
+         {checkpoint_layers} layers ({detail}); set num_hidden_layers to {checkpoint_layers} \
+         or use the config.json that came with the weights"
+    )]
+    LayerCount {
+        /// The config's layer count.
+        config_layers: usize,
+        /// Layers found in the weights (the highest layer index + 1).
+        checkpoint_layers: usize,
+        /// The tensors that do not fit, named.
+        detail: String,
     },
     /// A tensor has a different shape than the config implies.
     #[error(
@@ -106,6 +145,25 @@ pub enum HfError {
         name: String,
         /// The dtype in the file.
         dtype: String,
+    },
+    /// A tensor holds NaN or infinity, which would make every fitness NaN.
+    #[error(
+        "tensor `{name}` in {} holds {count} non-finite value(s) (the first, {first}, at \
+         element {index}); the checkpoint is corrupt or was saved from a diverged run, use \
+         another one",
+        path.display()
+    )]
+    NonFinite {
+        /// The tensor name.
+        name: String,
+        /// The file holding it.
+        path: PathBuf,
+        /// How many of its values are NaN or infinite.
+        count: usize,
+        /// The first such value's flat index.
+        index: usize,
+        /// The first such value (`NaN`, `inf`, `-inf`).
+        first: f32,
     },
     /// `config.json` asks for a feature the forward does not implement.
     #[error(
@@ -135,6 +193,7 @@ struct RawConfig {
     num_hidden_layers: usize,
     num_attention_heads: usize,
     num_key_value_heads: Option<usize>,
+    max_position_embeddings: Option<usize>,
     rope_theta: Option<f64>,
     /// transformers ≥ 5 writes the rotary settings here instead of `rope_theta`.
     rope_parameters: Option<RopeParameters>,
@@ -154,27 +213,44 @@ struct RopeParameters {
     kind: Option<String>,
 }
 
+/// A `config.json` as read: the model's hyperparameters plus the fields that bound its
+/// inputs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HfConfig {
+    /// What the forward needs.
+    pub config: Qwen2Config,
+    /// The longest sequence the model was trained for, when the file says.
+    pub max_position_embeddings: Option<usize>,
+}
+
 /// Parses a Hugging Face Qwen2 `config.json` text. Missing optional fields take the
 /// `transformers` defaults (`num_key_value_heads = num_attention_heads`,
 /// `rope_theta = 10000`, `rms_norm_eps = 1e-6`, `tie_word_embeddings = false`).
 pub fn parse_config(text: &str, path: &Path) -> Result<Qwen2Config, HfError> {
-    let raw: RawConfig = serde_json::from_str(text).map_err(|source| HfError::Json {
+    Ok(parse_hf_config(text, path)?.config)
+}
+
+/// [`parse_config`] with the input bounds (`max_position_embeddings`); the values are
+/// validated ([`Qwen2Config::validate`]: sizes, head divisibility, a positive finite
+/// `rms_norm_eps` and `rope_theta`).
+pub fn parse_hf_config(text: &str, path: &Path) -> Result<HfConfig, HfError> {
+    let raw: RawConfig = serde_json::from_str(text).map_err(|cause| HfError::Json {
         path: path.to_path_buf(),
         what: "config.json",
-        source,
+        cause,
     })?;
     if let Some(t) = raw.model_type.as_deref() {
         if t != "qwen2" {
             return Err(HfError::ModelType {
                 path: path.to_path_buf(),
-                got: t.to_string(),
+                got: shardes_hlo::es::spec::excerpt(t),
             });
         }
     }
     let unsupported = |field: &str, value: String| HfError::Unsupported {
         path: path.to_path_buf(),
         field: field.to_string(),
-        value,
+        value: shardes_hlo::es::spec::excerpt(&value),
     };
     if let Some(act) = raw.hidden_act.as_deref() {
         if act != "silu" {
@@ -211,18 +287,37 @@ pub fn parse_config(text: &str, path: &Path) -> Result<Qwen2Config, HfError> {
         rms_norm_eps: raw.rms_norm_eps.unwrap_or(1e-6),
         tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
     };
-    c.validate()?;
-    Ok(c)
+    let config_error = |error| HfError::Config {
+        path: path.to_path_buf(),
+        error,
+    };
+    c.validate().map_err(config_error)?;
+    if raw.max_position_embeddings == Some(0) {
+        return Err(config_error(ProblemError::BadDimension {
+            what: "max_position_embeddings",
+            value: 0,
+            fix: "use the positive length the model was trained for, or remove the field",
+        }));
+    }
+    Ok(HfConfig {
+        config: c,
+        max_position_embeddings: raw.max_position_embeddings,
+    })
 }
 
 /// Reads `dir/config.json`.
 pub fn read_config(dir: impl AsRef<Path>) -> Result<Qwen2Config, HfError> {
+    Ok(read_hf_config(dir)?.config)
+}
+
+/// Reads `dir/config.json` with its input bounds ([`parse_hf_config`]).
+pub fn read_hf_config(dir: impl AsRef<Path>) -> Result<HfConfig, HfError> {
     let path = dir.as_ref().join("config.json");
-    let text = std::fs::read_to_string(&path).map_err(|source| HfError::Read {
+    let text = std::fs::read_to_string(&path).map_err(|cause| HfError::Read {
         path: path.clone(),
-        source,
+        cause,
     })?;
-    parse_config(&text, &path)
+    parse_hf_config(&text, &path)
 }
 
 #[derive(Deserialize)]
@@ -231,16 +326,16 @@ struct Index {
 }
 
 fn map_file(path: &Path) -> Result<Mmap, HfError> {
-    let file = File::open(path).map_err(|source| HfError::Read {
+    let file = File::open(path).map_err(|cause| HfError::Read {
         path: path.to_path_buf(),
-        source,
+        cause,
     })?;
     // SAFETY: the mapping is read-only; a checkpoint modified while it is being loaded
     // could change the bytes we read, which safetensors' bounds checks keep memory-safe
     // for the header and which only affects values for the data.
-    unsafe { Mmap::map(&file) }.map_err(|source| HfError::Read {
+    unsafe { Mmap::map(&file) }.map_err(|cause| HfError::Read {
         path: path.to_path_buf(),
-        source,
+        cause,
     })
 }
 
@@ -252,18 +347,28 @@ type TensorIndex = Option<BTreeMap<String, usize>>;
 fn weight_files(dir: &Path) -> Result<(Vec<PathBuf>, TensorIndex), HfError> {
     let index_path = dir.join("model.safetensors.index.json");
     if index_path.exists() {
-        let text = std::fs::read_to_string(&index_path).map_err(|source| HfError::Read {
+        let text = std::fs::read_to_string(&index_path).map_err(|cause| HfError::Read {
             path: index_path.clone(),
-            source,
+            cause,
         })?;
-        let index: Index = serde_json::from_str(&text).map_err(|source| HfError::Json {
+        let index: Index = serde_json::from_str(&text).map_err(|cause| HfError::Json {
             path: index_path.clone(),
             what: "safetensors index",
-            source,
+            cause,
         })?;
         let mut files: Vec<String> = index.weight_map.values().cloned().collect();
         files.sort();
         files.dedup();
+        // A shard is a file next to the index: a path would read outside the checkpoint.
+        if let Some(bad) = files.iter().find(|f| {
+            let p = Path::new(f.as_str());
+            p.file_name().map(|n| n.to_string_lossy()) != Some(f.as_str().into())
+        }) {
+            return Err(HfError::BadShard {
+                index: index_path.clone(),
+                file: shardes_hlo::es::spec::excerpt(bad),
+            });
+        }
         let pos: BTreeMap<&str, usize> = files
             .iter()
             .enumerate()
@@ -299,61 +404,215 @@ fn to_f32(name: &str, dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>, HfError> {
             .chunks_exact(2)
             .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32())
             .collect(),
-        other => {
-            return Err(HfError::UnsupportedDtype {
-                name: name.to_string(),
-                dtype: format!("{other:?}"),
-            })
-        }
+        other => return Err(unsupported_dtype(name, other)),
     })
 }
 
-/// Loads the parameters of `config` from the weight files in `dir` into an f32
-/// [`ParamTree`] (leaf paths = tensor names).
-pub fn load_params(dir: impl AsRef<Path>, config: &Qwen2Config) -> Result<ParamTree, HfError> {
-    let dir = dir.as_ref();
-    let (files, index) = weight_files(dir)?;
-    let maps = files
-        .iter()
-        .map(|p| map_file(p))
-        .collect::<Result<Vec<_>, _>>()?;
-    let parsed = maps
-        .iter()
-        .zip(&files)
-        .map(|(m, p)| {
-            SafeTensors::deserialize(m).map_err(|e| HfError::Format {
-                path: p.clone(),
-                message: e.to_string(),
+fn unsupported_dtype(name: &str, dtype: Dtype) -> HfError {
+    HfError::UnsupportedDtype {
+        name: name.to_string(),
+        dtype: format!("{dtype:?}"),
+    }
+}
+
+/// The mapped weight files of a checkpoint directory.
+struct Weights {
+    files: Vec<PathBuf>,
+    maps: Vec<Mmap>,
+    index: TensorIndex,
+}
+
+/// One tensor the model needs, found in the headers: its name, shape, and file.
+struct Found<'a> {
+    name: String,
+    shape: Vec<usize>,
+    file: usize,
+    view: TensorView<'a>,
+}
+
+impl Weights {
+    fn open(dir: &Path) -> Result<Weights, HfError> {
+        let (files, index) = weight_files(dir)?;
+        let maps = files
+            .iter()
+            .map(|p| map_file(p))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Weights { files, maps, index })
+    }
+
+    /// Parses every header (no tensor values are read).
+    fn parsed(&self) -> Result<Vec<SafeTensors<'_>>, HfError> {
+        self.maps
+            .iter()
+            .zip(&self.files)
+            .map(|(m, p)| {
+                SafeTensors::deserialize(m).map_err(|e| HfError::Format {
+                    path: p.clone(),
+                    message: describe_safetensors_error(&e),
+                })
             })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let searched = files
-        .iter()
-        .map(|p| p.display().to_string())
-        .collect::<Vec<_>>()
-        .join(", ");
-    let mut named = Vec::new();
-    for (name, expected) in config.param_shapes() {
-        let candidates: Vec<usize> = match &index {
-            Some(map) => map.get(&name).copied().into_iter().collect(),
-            None => (0..parsed.len()).collect(),
+            .collect()
+    }
+
+    /// Every tensor name the checkpoint lists (the index's, or the files').
+    fn names(&self, parsed: &[SafeTensors<'_>]) -> BTreeSet<String> {
+        match &self.index {
+            Some(map) => map.keys().cloned().collect(),
+            None => parsed
+                .iter()
+                .flat_map(|st| st.names().into_iter().cloned())
+                .collect(),
+        }
+    }
+
+    /// Finds every tensor of `config` in the headers and checks its shape and dtype, and
+    /// that the checkpoint has no more and no fewer decoder layers than the config.
+    fn find<'a>(
+        &self,
+        parsed: &'a [SafeTensors<'a>],
+        config: &Qwen2Config,
+    ) -> Result<Vec<Found<'a>>, HfError> {
+        check_layer_count(&self.names(parsed), config)?;
+        let searched = if self.files.is_empty() {
+            "no files: the index lists none".to_string()
+        } else {
+            self.files
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
         };
-        let view = candidates
-            .into_iter()
-            .find_map(|i| parsed[i].tensor(&name).ok())
-            .ok_or_else(|| HfError::MissingTensor {
-                name: name.clone(),
-                searched: searched.clone(),
-            })?;
-        if view.shape() != expected.as_slice() {
-            return Err(HfError::ShapeMismatch {
+        let mut found = Vec::new();
+        for (name, expected) in config.param_shapes() {
+            let candidates: Vec<usize> = match &self.index {
+                Some(map) => map.get(&name).copied().into_iter().collect(),
+                None => (0..parsed.len()).collect(),
+            };
+            let (file, view) = candidates
+                .into_iter()
+                .find_map(|i| parsed[i].tensor(&name).ok().map(|v| (i, v)))
+                .ok_or_else(|| HfError::MissingTensor {
+                    name: name.clone(),
+                    searched: searched.clone(),
+                })?;
+            if view.shape() != expected.as_slice() {
+                return Err(HfError::ShapeMismatch {
+                    name,
+                    expected,
+                    got: view.shape().to_vec(),
+                });
+            }
+            if !matches!(view.dtype(), Dtype::F32 | Dtype::BF16 | Dtype::F16) {
+                return Err(unsupported_dtype(&name, view.dtype()));
+            }
+            found.push(Found {
                 name,
-                expected,
-                got: view.shape().to_vec(),
+                shape: expected,
+                file,
+                view,
             });
         }
-        let data = to_f32(&name, view.dtype(), view.data())?;
-        named.push((name, Array::new(expected, data)?));
+        Ok(found)
+    }
+}
+
+/// The layer index of a `model.layers.{i}.…` tensor name.
+fn layer_of(name: &str) -> Option<usize> {
+    name.strip_prefix("model.layers.")?
+        .split('.')
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Refuses a checkpoint whose decoder layers are not exactly `0..num_hidden_layers`,
+/// naming the tensors that do not fit (a config with fewer layers would otherwise drop the
+/// rest without a word).
+fn check_layer_count(names: &BTreeSet<String>, config: &Qwen2Config) -> Result<(), HfError> {
+    let want = config.num_hidden_layers;
+    let Some(have) = names
+        .iter()
+        .filter_map(|n| layer_of(n))
+        .max()
+        .map(|l| l + 1)
+    else {
+        // No layer tensors at all: the missing-tensor check names the first one.
+        return Ok(());
+    };
+    const SHOWN: usize = 3;
+    let listed = |items: Vec<String>| -> String {
+        let more = items.len().saturating_sub(SHOWN);
+        let mut s = items
+            .into_iter()
+            .take(SHOWN)
+            .map(|n| format!("`{n}`"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        if more > 0 {
+            s.push_str(&format!(" and {more} more"));
+        }
+        s
+    };
+    if have > want {
+        let extra: Vec<String> = names
+            .iter()
+            .filter(|n| layer_of(n).is_some_and(|l| l >= want))
+            .cloned()
+            .collect();
+        return Err(HfError::LayerCount {
+            config_layers: want,
+            checkpoint_layers: have,
+            detail: format!(
+                "tensors of layers {want}..{have} would be ignored: {}",
+                listed(extra)
+            ),
+        });
+    }
+    if have < want {
+        let missing: Vec<String> = (have..want)
+            .map(|l| format!("model.layers.{l}.input_layernorm.weight"))
+            .collect();
+        return Err(HfError::LayerCount {
+            config_layers: want,
+            checkpoint_layers: have,
+            detail: format!("layers {have}..{want} are missing: {}", listed(missing)),
+        });
+    }
+    Ok(())
+}
+
+/// Checks the weight files in `dir` against `config` from their headers alone: every
+/// tensor present with its shape and a convertible dtype, and exactly `num_hidden_layers`
+/// decoder layers. No tensor's values are read (see [`load_params`] for the finiteness
+/// check).
+pub fn check_checkpoint(dir: impl AsRef<Path>, config: &Qwen2Config) -> Result<(), HfError> {
+    let weights = Weights::open(dir.as_ref())?;
+    let parsed = weights.parsed()?;
+    weights.find(&parsed, config)?;
+    Ok(())
+}
+
+/// Loads the parameters of `config` from the weight files in `dir` into an f32
+/// [`ParamTree`] (leaf paths = tensor names), after the checks of [`check_checkpoint`];
+/// a tensor holding NaN or infinity is refused, naming it.
+pub fn load_params(dir: impl AsRef<Path>, config: &Qwen2Config) -> Result<ParamTree, HfError> {
+    let weights = Weights::open(dir.as_ref())?;
+    let parsed = weights.parsed()?;
+    let found = weights.find(&parsed, config)?;
+    let mut named = Vec::with_capacity(found.len());
+    for f in found {
+        let data = to_f32(&f.name, f.view.dtype(), f.view.data())?;
+        let mut bad = data.iter().enumerate().filter(|(_, x)| !x.is_finite());
+        if let Some((index, &first)) = bad.next() {
+            return Err(HfError::NonFinite {
+                count: 1 + bad.count(),
+                name: f.name,
+                path: weights.files[f.file].clone(),
+                index,
+                first,
+            });
+        }
+        named.push((f.name, Array::new(f.shape, data)?));
     }
     Ok(ParamTree::from_paths(named)?)
 }

@@ -42,22 +42,31 @@ pub enum IoError {
         source: std::io::Error,
     },
     /// The file is not valid safetensors.
-    #[error("{} is not a valid safetensors file: {source}", path.display())]
+    // The parser's error is described in the message, not chained as a source: its own
+    // text is only its variant's name, which a chain would print a second time.
+    #[error(
+        "{} is not a valid safetensors file: {}; {}",
+        path.display(),
+        describe_safetensors_error(cause),
+        SAFETENSORS_FIX
+    )]
     Format {
         /// The file.
         path: PathBuf,
         /// The parser's error.
-        #[source]
-        source: SafeTensorError,
+        cause: SafeTensorError,
     },
     /// The tensors could not be serialized.
-    #[error("cannot serialize tensors for {}: {source}", path.display())]
+    #[error(
+        "cannot serialize tensors for {}: {}",
+        path.display(),
+        describe_safetensors_error(cause)
+    )]
     Serialize {
         /// The destination file.
         path: PathBuf,
         /// The serializer's error.
-        #[source]
-        source: SafeTensorError,
+        cause: SafeTensorError,
     },
     /// A tensor that was asked for is not in the file.
     #[error(
@@ -127,6 +136,53 @@ pub enum IoError {
     },
 }
 
+/// What to do about a file that is not valid safetensors.
+const SAFETENSORS_FIX: &str = "the file is damaged or is not a safetensors file; restore it from \
+                               a good copy or write it again";
+
+/// What a safetensors parser error means for the file, in words (the error's own `Display`
+/// is its variant's name).
+pub fn describe_safetensors_error(e: &SafeTensorError) -> String {
+    match e {
+        SafeTensorError::HeaderTooSmall => {
+            "it is shorter than the 8-byte header length every safetensors file starts with \
+             (empty or truncated)"
+                .into()
+        }
+        SafeTensorError::HeaderTooLarge => {
+            "its first 8 bytes announce a header larger than safetensors allows (not a \
+             safetensors file, or its start is overwritten)"
+                .into()
+        }
+        SafeTensorError::InvalidHeaderLength => {
+            "its header length points past the end of the file (truncated)".into()
+        }
+        SafeTensorError::InvalidHeader => "its header is not UTF-8 text".into(),
+        SafeTensorError::InvalidHeaderStart => "its header does not start with '{'".into(),
+        SafeTensorError::InvalidHeaderDeserialization => {
+            "its header is not the JSON table of tensors safetensors expects".into()
+        }
+        SafeTensorError::MetadataIncompleteBuffer => {
+            "its size does not match the tensors its header lists (truncated, or with bytes \
+             appended)"
+                .into()
+        }
+        SafeTensorError::InvalidOffset(name) => {
+            format!("the header's byte range of tensor `{name}` is out of order or overlaps")
+        }
+        SafeTensorError::TensorInvalidInfo => {
+            "a tensor's shape and dtype do not match its byte range".into()
+        }
+        SafeTensorError::ValidationOverflow => "a tensor's shape is too large to address".into(),
+        SafeTensorError::TensorNotFound(name) => format!("it has no tensor `{name}`"),
+        SafeTensorError::IoError(e) => format!("reading it failed: {e}"),
+        SafeTensorError::JsonError(e) => format!("its header is not valid JSON: {e}"),
+        SafeTensorError::InvalidTensorView(dtype, shape, len) => {
+            format!("a {dtype:?} tensor of shape {shape:?} does not fit its {len} bytes")
+        }
+    }
+}
+
 /// Writes `tree` to `path`, one f32 tensor per leaf named by its path; atomic.
 pub fn write_params(path: impl AsRef<Path>, tree: &ParamTree) -> Result<(), IoError> {
     let named: Vec<(String, &Array)> = tree.leaves();
@@ -154,17 +210,17 @@ pub fn write_named<S: AsRef<str>>(
     for (name, a) in tensors {
         let name = name.as_ref();
         let data = bytes.get(name).map(Vec::as_slice).unwrap_or(&[]);
-        let view = TensorView::new(Dtype::F32, a.shape().to_vec(), data).map_err(|source| {
+        let view = TensorView::new(Dtype::F32, a.shape().to_vec(), data).map_err(|cause| {
             IoError::Serialize {
                 path: path.to_path_buf(),
-                source,
+                cause,
             }
         })?;
         views.push((name, view));
     }
-    let buf = safetensors::serialize(views, &None).map_err(|source| IoError::Serialize {
+    let buf = safetensors::serialize(views, &None).map_err(|cause| IoError::Serialize {
         path: path.to_path_buf(),
-        source,
+        cause,
     })?;
     write_atomic(path, &buf)
 }
@@ -274,9 +330,9 @@ impl SafetensorsFile {
     }
 
     fn parsed(&self) -> Result<SafeTensors<'_>, IoError> {
-        SafeTensors::deserialize(&self.bytes).map_err(|source| IoError::Format {
+        SafeTensors::deserialize(&self.bytes).map_err(|cause| IoError::Format {
             path: self.path.clone(),
-            source,
+            cause,
         })
     }
 
@@ -355,17 +411,17 @@ pub fn params_to_bytes(path: &Path, tree: &ParamTree) -> Result<Vec<u8>, IoError
     let mut views = Vec::with_capacity(named.len());
     for (name, a) in &named {
         let data = bytes.get(name.as_str()).map(Vec::as_slice).unwrap_or(&[]);
-        let view = TensorView::new(Dtype::F32, a.shape().to_vec(), data).map_err(|source| {
+        let view = TensorView::new(Dtype::F32, a.shape().to_vec(), data).map_err(|cause| {
             IoError::Serialize {
                 path: path.to_path_buf(),
-                source,
+                cause,
             }
         })?;
         views.push((name.as_str(), view));
     }
-    safetensors::serialize(views, &None).map_err(|source| IoError::Serialize {
+    safetensors::serialize(views, &None).map_err(|cause| IoError::Serialize {
         path: path.to_path_buf(),
-        source,
+        cause,
     })
 }
 

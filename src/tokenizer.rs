@@ -53,6 +53,14 @@ pub enum TokenizerError {
         /// How to fix it.
         fix: String,
     },
+    /// `batch × seq` does not fit in memory's address range.
+    #[error("a batch of {batch} sequences of {seq} tokens is too large to address; lower `seq`")]
+    TooLarge {
+        /// Sequences.
+        batch: usize,
+        /// Tokens per sequence.
+        seq: usize,
+    },
     /// A token id does not fit an i32 program input.
     #[error("token id {id} does not fit in i32; the vocabulary is too large")]
     IdRange {
@@ -137,6 +145,19 @@ pub fn read_examples(
     tokenizer: Option<&Tokenizer>,
     vocab_size: usize,
 ) -> Result<Vec<Example>, TokenizerError> {
+    Ok(read_examples_with_lines(path, tokenizer, vocab_size)?
+        .into_iter()
+        .map(|(_, e)| e)
+        .collect())
+}
+
+/// [`read_examples`] with each example's 1-based line number, for errors about an example
+/// found later (one too long for the model).
+pub fn read_examples_with_lines(
+    path: impl AsRef<Path>,
+    tokenizer: Option<&Tokenizer>,
+    vocab_size: usize,
+) -> Result<Vec<(usize, Example)>, TokenizerError> {
     let path = path.as_ref();
     let err = |line: usize, message: String, fix: &str| TokenizerError::Data {
         path: path.to_path_buf(),
@@ -211,7 +232,7 @@ pub fn read_examples(
                 "use the model's own tokenizer, or ids below vocab_size",
             ));
         }
-        out.push((prompt, target));
+        out.push((line, (prompt, target)));
     }
     if out.is_empty() {
         return Err(err(
@@ -242,6 +263,18 @@ fn id32(id: u32) -> Result<i32, TokenizerError> {
     i32::try_from(id).map_err(|_| TokenizerError::IdRange { id })
 }
 
+/// Checks that every pair fits a row of `seq` tokens (`prompt ++ target` holds at most
+/// `seq + 1` tokens), as [`lm_batch`] does, without building the batch.
+pub fn check_fits(pairs: &[(Vec<u32>, Vec<u32>)], seq: usize) -> Result<(), TokenizerError> {
+    for (index, (prompt, target)) in pairs.iter().enumerate() {
+        let len = prompt.len() + target.len();
+        if len > seq.saturating_add(1) {
+            return Err(TokenizerError::TooLong { index, len, seq });
+        }
+    }
+    Ok(())
+}
+
 /// Builds a batch from `(prompt, target)` token pairs: each row holds `prompt ++ target`
 /// shifted by one, and only positions predicting a target token are counted.
 pub fn lm_batch(
@@ -250,19 +283,17 @@ pub fn lm_batch(
     pad_id: u32,
 ) -> Result<LmBatch, TokenizerError> {
     let pad = id32(pad_id)?;
+    check_fits(pairs, seq)?;
     let n = pairs.len();
-    let mut ids = vec![pad; n * seq];
-    let mut targets = vec![pad; n * seq];
-    let mut mask = vec![0.0f32; n * seq];
+    let cells = n
+        .checked_mul(seq)
+        .ok_or(TokenizerError::TooLarge { batch: n, seq })?;
+    let mut ids = vec![pad; cells];
+    let mut targets = vec![pad; cells];
+    let mut mask = vec![0.0f32; cells];
     for (row, (prompt, target)) in pairs.iter().enumerate() {
+        // check_fits above: full.len() <= seq + 1.
         let full: Vec<u32> = prompt.iter().chain(target).copied().collect();
-        if full.len() > seq + 1 {
-            return Err(TokenizerError::TooLong {
-                index: row,
-                len: full.len(),
-                seq,
-            });
-        }
         for t in 0..full.len().saturating_sub(1) {
             ids[row * seq + t] = id32(full[t])?;
             targets[row * seq + t] = id32(full[t + 1])?;

@@ -4,12 +4,15 @@
 use std::path::PathBuf;
 
 use shardes_hlo::builder::DType;
+use shardes_hlo::es::LeafInfo;
 use shardes_hlo::params::{Array, ParamTree};
 use shardes_hlo::prng::Key;
 use shardes_hlo::problems::qwen2::{Qwen2, Qwen2Config};
+use shardes_hlo::problems::{f32_bytes, leaf_infos_of_shapes};
 
-use super::{run_key, Problem, ProblemError, Setting};
-use crate::tokenizer::{lm_batch, read_examples, Tokenizer, TokenizerError};
+use super::memory::{self, HostBytes};
+use super::{run_key, Problem, ProblemError, ProblemShapes, Setting};
+use crate::tokenizer::{check_fits, lm_batch, read_examples_with_lines, Tokenizer, TokenizerError};
 
 /// Where a Qwen2 model's parameters come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,6 +41,18 @@ pub struct Qwen2Source {
     pub compute_dtype: DType,
 }
 
+/// A Qwen2 problem read as far as its shapes: the config, the examples and the batch
+/// geometry, every check made, no parameter and no batch array allocated.
+struct Plan {
+    config: Qwen2Config,
+    examples: Vec<(Vec<u32>, Vec<u32>)>,
+    batch: usize,
+    seq: usize,
+    target_tokens: usize,
+    origin: String,
+    dtype: DType,
+}
+
 /// A loaded Qwen2 problem with its model still typed.
 struct Loaded {
     model: Qwen2,
@@ -48,7 +63,8 @@ struct Loaded {
 
 impl Problem {
     /// The Qwen2 problem of `source` with `key = key(seed)` (random presets draw their
-    /// parameters from it).
+    /// parameters from it). Refused with [`ProblemError::Memory`] before the parameters are
+    /// loaded or drawn when they and the batch would not fit the host's memory.
     pub fn qwen2(source: &Qwen2Source, seed: u64) -> Result<Problem, ProblemError> {
         let k = run_key(seed)?;
         let q = load(source, k)?;
@@ -60,44 +76,92 @@ impl Problem {
             summary: q.summary,
         })
     }
+
+    /// The shapes of [`Self::qwen2`]: the model, its leaves and the host bytes, from
+    /// `config.json` and the safetensors headers (or the preset) and the data file, without
+    /// reading a weight or drawing a parameter. Every check of [`Self::qwen2`] is made
+    /// except the weights' finiteness and the memory check
+    /// ([`ProblemShapes::check_host_memory`]).
+    pub fn qwen2_shapes(source: &Qwen2Source, seed: u64) -> Result<ProblemShapes, ProblemError> {
+        let k = run_key(seed)?;
+        plan(source)?.shapes(k)
+    }
 }
 
-/// The model of [`Problem::qwen2`] alone (it loads the whole problem to learn the batch
-/// geometry); see [`qwen2_at_depth`].
+/// The model of [`Problem::qwen2`] alone, from its shapes (nothing is loaded); see
+/// [`qwen2_shapes_at_depth`].
 pub fn qwen2_model(source: &Qwen2Source, seed: u64) -> Result<Qwen2, ProblemError> {
-    Ok(load(source, run_key(seed)?)?.model)
+    run_key(seed)?;
+    Ok(plan(source)?.model())
 }
 
 /// `model` with `layers` decoder layers and random parameters of its shapes drawn from
-/// `key(seed)` (for compile-cost sweeps over depth).
+/// `key(seed)` (for compile-cost sweeps over depth; [`qwen2_shapes_at_depth`] gives the
+/// leaves without drawing them).
 pub fn qwen2_at_depth(
     model: &Qwen2,
     layers: usize,
     seed: u64,
 ) -> Result<(Qwen2, ParamTree), ProblemError> {
-    let mut cfg = model.config.clone();
-    cfg.num_hidden_layers = layers;
-    let params = cfg
+    let (deeper, _) = qwen2_shapes_at_depth(model, layers)?;
+    let named = deeper.config.param_shapes();
+    let leaf = named
+        .iter()
+        .map(|(_, s)| f32_bytes([s.as_slice()]))
+        .max()
+        .unwrap_or(0);
+    memory::require(
+        f32_bytes(named.iter().map(|(_, s)| s.as_slice())).saturating_add(leaf.saturating_mul(2)),
+        || format!("a random {layers}-layer qwen2 of this width"),
+        "the number of layers",
+    )?;
+    let params = deeper
+        .config
         .init(run_key(seed)?, 0.02)
         .map_err(ProblemError::host(format!(
             "initialising a {layers}-layer qwen2"
         )))?;
-    let deeper = Qwen2::new(cfg, model.batch, model.seq).with_compute_dtype(model.compute_dtype);
     Ok((deeper, params))
 }
 
-fn load(source: &Qwen2Source, k: Key) -> Result<Loaded, ProblemError> {
-    let (cfg, params, origin) = match &source.weights {
+/// `model` with `layers` decoder layers and the [`LeafInfo`]s of its parameters, nothing
+/// allocated (for compile-cost sweeps over depth).
+pub fn qwen2_shapes_at_depth(
+    model: &Qwen2,
+    layers: usize,
+) -> Result<(Qwen2, Vec<LeafInfo>), ProblemError> {
+    let mut cfg = model.config.clone();
+    cfg.num_hidden_layers = layers;
+    let describing = || format!("describing a {layers}-layer qwen2");
+    cfg.validate().map_err(ProblemError::host(describing()))?;
+    let leaves =
+        leaf_infos_of_shapes(&cfg.param_shapes()).map_err(ProblemError::host(describing()))?;
+    let deeper = Qwen2::new(cfg, model.batch, model.seq).with_compute_dtype(model.compute_dtype);
+    Ok((deeper, leaves))
+}
+
+fn checkpoint_error(e: crate::hf::HfError) -> ProblemError {
+    ProblemError::input(
+        Setting::Checkpoint,
+        format!("checkpoint: {e}"),
+        "point the checkpoint at a Hugging Face Qwen2 directory (config.json and \
+         model.safetensors or model.safetensors.index.json with its shards)",
+    )
+}
+
+/// Reads everything but the weights and checks it: the config (and the checkpoint's
+/// headers), the tokenizer, the data against the vocabulary and the model's positions,
+/// the batch and the sequence length.
+fn plan(source: &Qwen2Source) -> Result<Plan, ProblemError> {
+    let (cfg, max_positions, origin) = match &source.weights {
         Qwen2Weights::Checkpoint(dir) => {
-            let (cfg, params) = crate::hf::load_checkpoint(dir).map_err(|e| {
-                ProblemError::input(
-                    Setting::Checkpoint,
-                    format!("checkpoint: {e}"),
-                    "point the checkpoint at a Hugging Face Qwen2 directory (config.json and \
-                     model.safetensors or model.safetensors.index.json with its shards)",
-                )
-            })?;
-            (cfg, params, format!("checkpoint {}", dir.display()))
+            let hf = crate::hf::read_hf_config(dir).map_err(checkpoint_error)?;
+            crate::hf::check_checkpoint(dir, &hf.config).map_err(checkpoint_error)?;
+            (
+                hf.config,
+                hf.max_position_embeddings,
+                format!("checkpoint {}", dir.display()),
+            )
         }
         Qwen2Weights::Random(size) => {
             let cfg = Qwen2Config::by_size(size).map_err(|e| {
@@ -107,10 +171,11 @@ fn load(source: &Qwen2Source, k: Key) -> Result<Loaded, ProblemError> {
                     "use \"tiny\", \"0.5b\" or \"1.5b\"",
                 )
             })?;
-            let params = cfg
-                .init(k, 0.02)
-                .map_err(ProblemError::host("initialising random qwen2 parameters"))?;
-            (cfg, params, format!("random {size}"))
+            (
+                cfg,
+                None,
+                format!("random {}", shardes_hlo::es::spec::excerpt(size)),
+            )
         }
     };
     let checkpoint = match &source.weights {
@@ -135,8 +200,8 @@ fn load(source: &Qwen2Source, k: Key) -> Result<Loaded, ProblemError> {
         _ => None,
     };
     let data = &source.data;
-    let examples =
-        read_examples(data, tokenizer.as_ref(), cfg.vocab_size).map_err(|e| match e {
+    let lines = read_examples_with_lines(data, tokenizer.as_ref(), cfg.vocab_size).map_err(
+        |e| match e {
             TokenizerError::Data {
                 path,
                 line,
@@ -152,7 +217,32 @@ fn load(source: &Qwen2Source, k: Key) -> Result<Loaded, ProblemError> {
                 format!("data: {other}"),
                 "check the data file against the tokenizer",
             ),
-        })?;
+        },
+    )?;
+    if let Some(max) = max_positions {
+        // The model reads prompt ++ target without its last token: one position each.
+        if let Some((line, (p, t))) = lines.iter().find(|(_, (p, t))| p.len() + t.len() - 1 > max) {
+            return Err(ProblemError::input(
+                Setting::Data,
+                format!(
+                    "data {}:{line}: the example has {} tokens (prompt {} + target {}), so the \
+                     model reads {} positions, more than the checkpoint's \
+                     max_position_embeddings = {max}",
+                    data.display(),
+                    p.len() + t.len(),
+                    p.len(),
+                    t.len(),
+                    p.len() + t.len() - 1
+                ),
+                format!(
+                    "shorten or drop that example: prompt + target may hold at most {} tokens \
+                     for this model",
+                    max + 1
+                ),
+            ));
+        }
+    }
+    let examples: Vec<_> = lines.into_iter().map(|(_, e)| e).collect();
     if let Some(b) = source.batch {
         if b != examples.len() {
             return Err(ProblemError::input(
@@ -173,35 +263,126 @@ fn load(source: &Qwen2Source, k: Key) -> Result<Loaded, ProblemError> {
         .max()
         .unwrap_or(1);
     let seq = source.seq.unwrap_or(longest);
-    let lm = lm_batch(&examples, seq, 0).map_err(|e| {
+    let seq_error = |e: TokenizerError| {
+        ProblemError::input(
+            Setting::Seq,
+            format!("seq = {seq}: {e}"),
+            "raise seq or leave it unset (the default fits the longest example)",
+        )
+    };
+    check_fits(&examples, seq).map_err(seq_error)?;
+    if i32::try_from(seq).is_err() {
+        return Err(ProblemError::input(
+            Setting::Seq,
+            format!("seq = {seq} is beyond the i32 positions of the program"),
+            "lower seq or leave it unset (the default fits the longest example)",
+        ));
+    }
+    let target_tokens = examples.iter().map(|(_, t)| t.len()).sum();
+    Ok(Plan {
+        config: cfg,
+        batch: examples.len(),
+        examples,
+        seq,
+        target_tokens,
+        origin,
+        dtype: source.compute_dtype,
+    })
+}
+
+impl Plan {
+    fn model(&self) -> Qwen2 {
+        Qwen2::new(self.config.clone(), self.batch, self.seq).with_compute_dtype(self.dtype)
+    }
+
+    fn summary(&self) -> String {
+        let cfg = &self.config;
+        format!(
+            "qwen2 ({}: {} layers, d {}, vocab {}, {}; batch {}, seq {}, {} target tokens)",
+            self.origin,
+            cfg.num_hidden_layers,
+            cfg.hidden_size,
+            cfg.vocab_size,
+            if self.dtype == DType::BF16 {
+                "bf16"
+            } else {
+                "f32"
+            },
+            self.batch,
+            self.seq,
+            // As the sum of the batch's f32 mask prints it.
+            self.target_tokens as f32
+        )
+    }
+
+    fn shapes(&self, key: Key) -> Result<ProblemShapes, ProblemError> {
+        let named = self.config.param_shapes();
+        let leaves = leaf_infos_of_shapes(&named)
+            .map_err(ProblemError::host("describing the qwen2 parameters"))?;
+        let cell = [self.batch, self.seq];
+        // The ids, targets and mask, once as the host batch and once as the f32 arrays.
+        let batch = f32_bytes([cell.as_slice()]).saturating_mul(6);
+        let host_bytes = HostBytes {
+            params: f32_bytes(named.iter().map(|(_, s)| s.as_slice())),
+            largest_leaf: named
+                .iter()
+                .map(|(_, s)| f32_bytes([s.as_slice()]))
+                .max()
+                .unwrap_or(0),
+            batch,
+        };
+        Ok(ProblemShapes {
+            model: Box::new(self.model()),
+            leaves,
+            key,
+            summary: self.summary(),
+            host_bytes,
+            memory_what: format!(
+                "qwen2 ({}: {} layers, d {}, vocab {}; batch {}, seq {}) with its f32 \
+                 parameters and batch",
+                self.origin,
+                self.config.num_hidden_layers,
+                self.config.hidden_size,
+                self.config.vocab_size,
+                self.batch,
+                self.seq
+            ),
+            memory_lower: "the model (a smaller size or checkpoint) or seq",
+        })
+    }
+}
+
+fn load(source: &Qwen2Source, k: Key) -> Result<Loaded, ProblemError> {
+    let plan = plan(source)?;
+    plan.shapes(k)?.check_host_memory()?;
+    let cfg = &plan.config;
+    let params = match &source.weights {
+        Qwen2Weights::Checkpoint(dir) => {
+            crate::hf::load_params(dir, cfg).map_err(checkpoint_error)?
+        }
+        Qwen2Weights::Random(_) => cfg
+            .init(k, 0.02)
+            .map_err(ProblemError::host("initialising random qwen2 parameters"))?,
+    };
+    let seq = plan.seq;
+    let lm = lm_batch(&plan.examples, seq, 0).map_err(|e| {
         ProblemError::input(
             Setting::Seq,
             format!("seq = {seq}: {e}"),
             "raise seq or leave it unset (the default fits the longest example)",
         )
     })?;
-    let dtype = source.compute_dtype;
     let whole = |v: &[i32]| -> Vec<f32> { v.iter().map(|&x| x as f32).collect() };
     let shape = vec![lm.batch, lm.seq];
     let batch = vec![
         Array::new(shape.clone(), whole(&lm.ids))?,
         Array::new(shape.clone(), whole(&lm.targets))?,
-        Array::new(shape, lm.mask.clone())?,
+        Array::new(shape, lm.mask)?,
     ];
-    let summary = format!(
-        "qwen2 ({origin}: {} layers, d {}, vocab {}, {}; batch {}, seq {}, {} target tokens)",
-        cfg.num_hidden_layers,
-        cfg.hidden_size,
-        cfg.vocab_size,
-        if dtype == DType::BF16 { "bf16" } else { "f32" },
-        lm.batch,
-        lm.seq,
-        lm.mask.iter().sum::<f32>()
-    );
     Ok(Loaded {
-        model: Qwen2::new(cfg, lm.batch, lm.seq).with_compute_dtype(dtype),
+        model: plan.model(),
         params,
+        summary: plan.summary(),
         batch,
-        summary,
     })
 }

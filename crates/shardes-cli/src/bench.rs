@@ -14,7 +14,8 @@ use shardes::hlo::es::{How, Model, ShardedES};
 use shardes::runtime::Client;
 use shardes::Problem;
 
-use crate::config::{transformer_block, Config, ProblemConfig};
+use crate::config::{transformer_block, Config, ConfigError, ProblemConfig};
+use crate::inspect::{at_least_one, check_writable, problem_error};
 use crate::setup;
 
 /// Arguments of `shardes bench`.
@@ -26,25 +27,25 @@ pub struct BenchArgs {
     #[arg(long)]
     pub json: Option<PathBuf>,
     /// Placements to compare: `A`, `B` or `AB` (both, interleaved). Default: the config's.
-    #[arg(long)]
+    #[arg(long, value_parser = parse_how_flag)]
     pub how: Option<String>,
     /// Timed rounds (each: one generation dispatch per placement and one inference).
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, value_parser = at_least_one())]
     pub generations: usize,
     /// Untimed warm-up rounds.
     #[arg(long, default_value_t = 2)]
     pub warmup: usize,
     /// Generations per dispatch (a `while` over generations inside one executable).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = at_least_one())]
     pub per_dispatch: usize,
     /// Override the population size.
-    #[arg(long)]
+    #[arg(long, value_parser = at_least_one())]
     pub n: Option<usize>,
     /// Override the device count.
-    #[arg(long)]
+    #[arg(long, value_parser = at_least_one())]
     pub devices: Option<usize>,
     /// Override the members per evaluation chunk.
-    #[arg(long)]
+    #[arg(long, value_parser = at_least_one())]
     pub member_chunk: Option<usize>,
     /// Per-device size of the square GEMM that measures the peak (0: skip).
     #[arg(long, default_value_t = 512)]
@@ -56,13 +57,56 @@ fn parse_how(s: &str) -> Result<Vec<How>> {
         "A" => vec![How::A],
         "B" => vec![How::B],
         "AB" | "BA" => vec![How::A, How::B],
-        other => bail!("--how {other}: use A, B or AB (both side by side)"),
+        other => bail!(
+            "--how {}: use A, B or AB (both side by side)",
+            shardes::hlo::es::spec::excerpt(other)
+        ),
     })
 }
 
-/// Runs `shardes bench`.
-pub fn run(args: &BenchArgs) -> Result<()> {
+/// `--how` as clap checks it, so a wrong placement is a usage error (exit 2) at once.
+fn parse_how_flag(s: &str) -> std::result::Result<String, String> {
+    parse_how(s).map(|_| s.to_string()).map_err(|_| {
+        format!(
+            "use A, B or AB (both side by side), not \"{}\"",
+            shardes::hlo::es::spec::excerpt(s)
+        )
+    })
+}
+
+/// The config with the command line's overrides, validated again as a whole (an override
+/// can break what the file's values satisfied, e.g. `--n` not divisible by the devices),
+/// and the host memory the benchmark needs checked; every refusal is a config error (exit
+/// 2) before anything is allocated or compiled.
+fn validated(args: &BenchArgs) -> Result<Config> {
     let mut config = Config::load(&args.config)?;
+    if let Some(path) = &args.json {
+        check_writable("--json", path)?;
+    }
+    if !matches!(config.problem, ProblemConfig::TransformerBlock { .. }) {
+        return Err(ConfigError::new(
+            format!(
+                "problem \"{}\": shardes bench knows the FLOPs of transformer_block only",
+                config.problem.name()
+            ),
+            "benchmark a transformer_block config (e.g. benches/eggroll_n16384.toml); time \
+             other problems with shardes run",
+        )
+        .into());
+    }
+    if let Some(p) = &config.plugin {
+        return Err(ConfigError::new(
+            format!(
+                "plugin = \"{}\": shardes bench runs on the provisioned CPU plugin only",
+                shardes::hlo::es::spec::excerpt(p)
+            ),
+            "remove the `plugin` key from the config to benchmark",
+        )
+        .into());
+    }
+    if args.n.is_none() && args.devices.is_none() && args.member_chunk.is_none() {
+        return check_memory(args, config);
+    }
     if let Some(n) = args.n {
         config.es.n = n;
     }
@@ -72,6 +116,55 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if let Some(c) = args.member_chunk {
         config.es.member_chunk = Some(c);
     }
+    let text = toml::to_string(&config).context("writing the overridden config")?;
+    let config = Config::parse(&text).map_err(|e| {
+        ConfigError::new(
+            format!("with the command-line overrides: {}", e.message),
+            format!(
+                "{} (--n, --devices and --member-chunk replace those keys)",
+                e.hint
+            ),
+        )
+    })?;
+    check_memory(args, config)
+}
+
+/// Refuses a benchmark whose problem or GEMM would not fit the host's memory.
+fn check_memory(args: &BenchArgs, config: Config) -> Result<Config> {
+    if let ProblemConfig::TransformerBlock {
+        d_model,
+        batch,
+        seq,
+    } = config.problem
+    {
+        Problem::transformer_block_shapes(transformer_block(d_model, batch, seq), config.run.seed)
+            .and_then(|s| s.check_host_memory())
+            .map_err(problem_error)?;
+    }
+    // The GEMM's operands: (devices·m, m) and (m, m) on the host and again on the devices.
+    let m = args.gemm_size as u64;
+    let gemm = (config.devices as u64)
+        .saturating_mul(2)
+        .saturating_add(1)
+        .saturating_mul(m.saturating_mul(m))
+        .saturating_mul(8);
+    shardes::problem::memory::require(
+        gemm,
+        || format!("the peak GEMM of --gemm-size {}", args.gemm_size),
+        "--gemm-size",
+    )
+    .map_err(|e| {
+        ConfigError::new(
+            e.to_string(),
+            "lower --gemm-size (512 is the default; 0 skips the GEMM)",
+        )
+    })?;
+    Ok(config)
+}
+
+/// Runs `shardes bench`.
+pub fn run(args: &BenchArgs) -> Result<()> {
+    let config = validated(args)?;
     let ProblemConfig::TransformerBlock {
         d_model,
         batch,
@@ -88,9 +181,6 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         Some(h) => parse_how(h)?,
         None => vec![config.es.how],
     };
-    if args.generations == 0 {
-        bail!("--generations 0: time at least 1 round (10 or more for a meaningful median)");
-    }
     let make_es = |how: How| -> Result<ShardedES> {
         let mut c = config.clone();
         c.es.how = how;

@@ -4,19 +4,24 @@
 //! strategies) and, for qwen2 configs, for the same model with 1, 2, 4 and 8 layers:
 //! emitted op counts by kind, emission time, XLA compile time, the optimized program's
 //! instruction count, its collectives and the plugin's memory statistics.
+//!
+//! Every program is built from the problem's shapes alone (no parameters are allocated),
+//! and every flag and sweep entry is checked before the client starts.
 
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use serde::Serialize;
 use shardes::hlo::es::spec::StrategySpec;
-use shardes::hlo::es::{leaf_infos, Model, ShardedES};
-use shardes::hlo::params::ParamTree;
-use shardes::problem::qwen2::{qwen2_at_depth, qwen2_model};
+use shardes::hlo::es::{LeafInfo, Model, ShardedES};
+use shardes::hlo::problems::qwen2::MAX_LAYERS;
+use shardes::problem::qwen2::{qwen2_model, qwen2_shapes_at_depth};
 use shardes::runtime::{Client, CompileOptions};
 
-use crate::config::{Config, ProblemConfig};
+use crate::config::{Config, ConfigError, ProblemConfig};
+use crate::inspect::{at_least_one, check_writable, count_in, problem_error, problem_shapes};
+use crate::out::{outln, Stdout};
 use crate::setup;
 
 /// Arguments of `shardes diag`.
@@ -28,11 +33,16 @@ pub struct DiagArgs {
     #[arg(long)]
     pub json: Option<PathBuf>,
     /// Ranks to sweep for low-rank strategies (comma separated).
-    #[arg(long, default_value = "1,4,16", value_delimiter = ',')]
+    #[arg(long, default_value = "1,4,16", value_delimiter = ',', value_parser = at_least_one())]
     pub ranks: Vec<usize>,
-    /// Layer counts to sweep for qwen2 configs (comma separated; random weights of the
-    /// config's shapes). transformer_block is a single block and has no depth.
-    #[arg(long, default_value = "1,2,4,8", value_delimiter = ',')]
+    /// Layer counts to sweep for qwen2 configs (comma separated; the config's shapes at
+    /// each depth). transformer_block is a single block and has no depth.
+    #[arg(
+        long,
+        default_value = "1,2,4,8",
+        value_delimiter = ',',
+        value_parser = count_in(1, MAX_LAYERS)
+    )]
     pub depths: Vec<usize>,
 }
 
@@ -88,12 +98,12 @@ fn es_with(config: &Config, spec: &StrategySpec, model: &dyn Model) -> Result<Sh
 fn measure(
     es: &ShardedES,
     model: &dyn Model,
-    params: &ParamTree,
+    leaves: &[LeafInfo],
     client: &Client,
     layers: Option<usize>,
 ) -> Result<DiagEntry> {
     let t0 = Instant::now();
-    let program = es.generation_program(model, &leaf_infos(params))?;
+    let program = es.generation_program(model, leaves)?;
     let mlir = program.module.to_mlir();
     let emit_ms = t0.elapsed().as_secs_f64() * 1e3;
     let t1 = Instant::now();
@@ -130,48 +140,79 @@ fn measure(
 /// Runs `shardes diag`.
 pub fn run(args: &DiagArgs) -> Result<()> {
     let config = Config::load(&args.config)?;
-    let client = match &config.plugin {
-        None => Client::cpu(config.devices)?,
-        Some(p) => bail!(
-            "plugin = {p:?}: shardes diag runs on the provisioned CPU plugin only; remove \
-             the `plugin` key"
-        ),
-    };
+    if let Some(path) = &args.json {
+        check_writable("--json", path)?;
+    }
+    if let Some(p) = &config.plugin {
+        return Err(ConfigError::new(
+            format!(
+                "plugin = \"{}\": shardes diag runs on the provisioned CPU plugin only",
+                shardes::hlo::es::spec::excerpt(p)
+            ),
+            "remove the `plugin` key from the config to diagnose on the CPU plugin",
+        )
+        .into());
+    }
     let spec = config.es.strategy.clone();
-    let (es, p) = setup::problem(&config)?;
-    let mut entries = vec![measure(&es, &*p.model, &p.params, &client, None)?];
+    // Everything the sweep builds is checked before the client starts or anything compiles.
+    let (es, p) = problem_shapes(&config)?;
+    let mut variants = Vec::new();
     for &r in &args.ranks {
         match with_rank(&spec, r) {
-            Some(s) if s != spec => {
-                let es = es_with(&config, &s, &*p.model)?;
-                entries.push(measure(&es, &*p.model, &p.params, &client, None)?)
-            }
+            Some(s) if s != spec => variants.push(es_with(&config, &s, &*p.model)?),
             _ => {}
         }
     }
+    let mut depths = Vec::new();
     if let ProblemConfig::Qwen2 { .. } = &config.problem {
         let seed = config.run.seed;
         let source = setup::qwen2_source(&config.problem)?;
-        let base = qwen2_model(&source, seed).map_err(setup::config_error)?;
+        let base = qwen2_model(&source, seed).map_err(problem_error)?;
         for &layers in &args.depths {
-            let (model, params) =
-                qwen2_at_depth(&base, layers, seed).map_err(setup::config_error)?;
-            entries.push(measure(&es, &model, &params, &client, Some(layers))?);
+            depths.push(qwen2_shapes_at_depth(&base, layers).map_err(problem_error)?);
         }
     }
+    let client = Client::cpu(config.devices)?;
+    let mut entries = vec![measure(&es, &*p.model, &p.leaves, &client, None)?];
+    for es in &variants {
+        entries.push(measure(es, &*p.model, &p.leaves, &client, None)?);
+    }
+    for (model, leaves) in &depths {
+        let layers = model.config.num_hidden_layers;
+        entries.push(measure(&es, model, leaves, &client, Some(layers))?);
+    }
+    // The JSON first: a reader that closes stdout early (`| head`) must not lose it.
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&entries)?)
+            .with_context(|| format!("writing the JSON report to {}", path.display()))?;
+    }
     let first = &entries[0];
-    println!(
+    let mut out = Stdout::new();
+    outln!(
+        out,
         "{}, n={} devices={}: {}",
-        first.strategy, config.es.n, config.devices, p.summary
+        first.strategy,
+        config.es.n,
+        config.devices,
+        p.summary
     );
-    println!(
+    outln!(
+        out,
         "{:<28}{:>7}{:>8}{:>10}{:>10}{:>12}{:>12}{:>12}",
-        "strategy", "layers", "ops", "emit ms", "comp ms", "opt instr", "temp MiB", "collectives"
+        "strategy",
+        "layers",
+        "ops",
+        "emit ms",
+        "comp ms",
+        "opt instr",
+        "temp MiB",
+        "collectives"
     );
     for e in &entries {
         let coll: usize = e.collectives.values().sum();
         let layers = e.layers.map_or_else(|| "-".to_string(), |l| l.to_string());
-        println!(
+        outln!(
+            out,
             "{:<28}{:>7}{:>8}{:>10.1}{:>10.0}{:>12}{:>12.2}{:>12}",
             e.strategy,
             layers,
@@ -183,14 +224,10 @@ pub fn run(args: &DiagArgs) -> Result<()> {
             coll
         );
     }
-    println!("emitted ops by kind ({}):", first.strategy);
+    outln!(out, "emitted ops by kind ({}):", first.strategy);
     for (k, v) in &first.emitted_by_kind {
-        println!("  {k:<36}{v:>6}");
+        outln!(out, "  {k:<36}{v:>6}");
     }
-    println!("collectives: {:?}", first.collectives);
-    if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&entries)?)
-            .with_context(|| format!("writing the JSON report to {}", path.display()))?;
-    }
-    Ok(())
+    outln!(out, "collectives: {:?}", first.collectives);
+    out.finish()
 }

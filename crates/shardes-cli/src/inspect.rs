@@ -7,10 +7,12 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use shardes::hlo::es::{check_model, leaf_infos};
+use shardes::hlo::es::{check_model, ShardedES};
+use shardes::problem::ProblemShapes;
 use shardes::runtime::CompileOptions;
+use shardes::{Problem, ProblemError};
 
-use crate::config::Config;
+use crate::config::{transformer_block, Config, ConfigError, ProblemConfig};
 use crate::out::{outln, Stdout};
 use crate::setup;
 
@@ -35,7 +37,7 @@ pub struct DevicesArgs {
     #[arg(long)]
     pub plugin: Option<String>,
     /// CPU devices to simulate (ignored by plugins with real devices).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = at_least_one())]
     pub devices: usize,
 }
 
@@ -46,11 +48,104 @@ pub struct CheckArgs {
     pub config: PathBuf,
 }
 
+/// The ES and the problem of `config` by shape alone: what `hlo`, `check` and `diag` need,
+/// with no parameter allocated (a config far too large to run still prints its program).
+pub fn problem_shapes(config: &Config) -> Result<(ShardedES, ProblemShapes)> {
+    let seed = config.run.seed;
+    let shapes = match &config.problem {
+        ProblemConfig::TransformerBlock {
+            d_model,
+            batch,
+            seq,
+        } => Problem::transformer_block_shapes(transformer_block(*d_model, *batch, *seq), seed),
+        ProblemConfig::Qwen2 { .. } => {
+            Problem::qwen2_shapes(&setup::qwen2_source(&config.problem)?, seed)
+        }
+        ProblemConfig::Control { .. } => Problem::control_shapes(
+            crate::config::control(&config.problem, config.es.shaping)?,
+            seed,
+        ),
+    }
+    .map_err(problem_error)?;
+    let es = setup::es_for(config, &*shapes.model)?;
+    Ok((es, shapes))
+}
+
+/// A clap value parser for a count that must be at least 1, so `--flag 0` is a usage error
+/// (exit 2) before anything is read or compiled.
+pub fn at_least_one() -> impl clap::builder::TypedValueParser<Value = usize> {
+    count_in(1, usize::MAX)
+}
+
+/// A clap value parser for a count in `lo..=hi`, its error saying so in words.
+pub fn count_in(lo: usize, hi: usize) -> impl clap::builder::TypedValueParser<Value = usize> {
+    move |s: &str| -> std::result::Result<usize, String> {
+        let range = if hi == usize::MAX {
+            format!("at least {lo}")
+        } else {
+            format!("between {lo} and {hi}")
+        };
+        match s.trim().parse::<usize>() {
+            Ok(v) if (lo..=hi).contains(&v) => Ok(v),
+            Ok(_) => Err(format!("must be {range}")),
+            Err(_) => Err(format!("must be a whole number, {range}")),
+        }
+    }
+}
+
+/// Refuses an output file the command could not write, before the work that fills it: an
+/// existing file must open for writing (it is left as it is), a new one must be creatable
+/// (it is created and removed again).
+pub fn check_writable(flag: &str, path: &std::path::Path) -> Result<()> {
+    let existed = path.exists();
+    let opened = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path);
+    match opened {
+        Ok(_) => {
+            if !existed {
+                let _ = std::fs::remove_file(path);
+            }
+            Ok(())
+        }
+        Err(e) => Err(ConfigError::new(
+            format!(
+                "{flag} {}: cannot write the report there: {e}",
+                path.display()
+            ),
+            format!(
+                "pass {flag} a file in a directory that exists and is writable (it is written \
+                 after the measurements)"
+            ),
+        )
+        .into()),
+    }
+}
+
+/// A problem error as [`setup::config_error`] words it, and a memory error as the config
+/// error naming the settings to lower (exit 2: the user's config is too large).
+pub fn problem_error(e: ProblemError) -> anyhow::Error {
+    match e {
+        ProblemError::Memory(m) => ConfigError::new(
+            format!("problem: {m}"),
+            format!(
+                "lower {} in [problem] to fit the {} available",
+                m.lower,
+                shardes::problem::memory::human(m.available)
+            ),
+        )
+        .into(),
+        other => setup::config_error(other),
+    }
+}
+
 /// The generation program of `config` as StableHLO text.
 pub fn generation_mlir(config: &Config) -> Result<String> {
-    let (es, p) = setup::problem(config)?;
+    let (es, p) = problem_shapes(config)?;
     let program = es
-        .generation_program(&*p.model, &leaf_infos(&p.params))
+        .generation_program(&*p.model, &p.leaves)
         .context("building the generation program")?;
     Ok(program.module.to_mlir())
 }
@@ -125,8 +220,8 @@ pub fn devices(args: &DevicesArgs) -> Result<()> {
 /// Runs `shardes check`; returns the number of findings.
 pub fn check(args: &CheckArgs) -> Result<usize> {
     let config = Config::load(&args.config)?;
-    let (_, p) = setup::problem(&config)?;
-    let leaves = leaf_infos(&p.params);
+    let (_, p) = problem_shapes(&config)?;
+    let leaves = p.leaves;
     let findings = check_model(&*p.model, &leaves).context("tracing the model")?;
     let mut out = Stdout::new();
     if findings.is_empty() {

@@ -43,7 +43,7 @@ pub enum StrategySpec {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid strategy \"{input}\": {reason} (valid: {})", STRATEGY_NAMES.join(", "))]
 pub struct SpecError {
-    /// The text that was given.
+    /// The text that was given, as an [`excerpt`] (at most 60 characters and an ellipsis).
     pub input: String,
     /// What is wrong with it.
     pub reason: String,
@@ -78,19 +78,26 @@ impl FromStr for StrategySpec {
 
     fn from_str(input: &str) -> Result<Self, SpecError> {
         let err = |reason: String| SpecError {
-            input: input.to_string(),
+            input: excerpt(input),
             reason,
         };
+        if input.len() > MAX_SPEC_LEN {
+            return Err(err(format!(
+                "the strategy is {} bytes long; a strategy has at most {MAX_SPEC_LEN}",
+                input.len()
+            )));
+        }
         let mut p = Parser {
-            s: input.as_bytes(),
+            s: input,
             pos: 0,
+            depth: 0,
         };
         let spec = p.strategy().map_err(err)?;
         p.skip_ws();
         if p.pos != p.s.len() {
             return Err(err(format!(
                 "unexpected text \"{}\" after the strategy",
-                &input[p.pos..]
+                excerpt(&input[p.pos..])
             )));
         }
         Ok(spec)
@@ -115,7 +122,7 @@ const HOW_FIX: &str =
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("unknown placement \"{input}\"; {HOW_FIX}")]
 pub struct HowError {
-    /// The text that was given.
+    /// The text that was given, as an [`excerpt`].
     pub input: String,
 }
 
@@ -149,7 +156,7 @@ impl FromStr for How {
             "A" | "a" => Ok(How::A),
             "B" | "b" => Ok(How::B),
             _ => Err(HowError {
-                input: input.to_string(),
+                input: excerpt(input),
             }),
         }
     }
@@ -193,9 +200,33 @@ pub(crate) use serde_as_text;
 serde_as_text!(StrategySpec);
 serde_as_text!(How);
 
+/// The longest strategy string [`StrategySpec::from_str`] reads, in bytes: every valid
+/// strategy is far shorter (`mirrored(seed_regenerated(chunk=1000000))` is 41), and a bound
+/// keeps a hostile string from costing time or memory.
+pub const MAX_SPEC_LEN: usize = 256;
+
+/// The deepest nesting of parentheses [`StrategySpec::from_str`] follows: only `mirrored`
+/// nests, once, so 8 is generous; the bound keeps the recursive parser's stack small.
+pub const MAX_SPEC_DEPTH: usize = 8;
+
+/// How many characters of a user's text an error message quotes.
+const EXCERPT_CHARS: usize = 60;
+
+/// `text` as an error message quotes it: whole when short, else its first 60 characters and
+/// an ellipsis with the total length, so a huge input is not echoed back whole.
+pub fn excerpt(text: &str) -> String {
+    let count = text.chars().count();
+    if count <= EXCERPT_CHARS {
+        return text.to_string();
+    }
+    let head: String = text.chars().take(EXCERPT_CHARS).collect();
+    format!("{head}… ({count} characters)")
+}
+
 struct Parser<'a> {
-    s: &'a [u8],
+    s: &'a str,
     pos: usize,
+    depth: usize,
 }
 
 enum Arg {
@@ -204,27 +235,30 @@ enum Arg {
 }
 
 impl Parser<'_> {
+    fn peek(&self) -> Option<char> {
+        self.s[self.pos..].chars().next()
+    }
+
     fn skip_ws(&mut self) {
-        while self.pos < self.s.len() && self.s[self.pos].is_ascii_whitespace() {
-            self.pos += 1;
+        while let Some(c) = self.peek().filter(|c| c.is_whitespace()) {
+            self.pos += c.len_utf8();
         }
     }
 
+    /// A word: letters (any script, so a misspelt `lörank` is quoted whole), digits and `_`.
     fn ident(&mut self) -> String {
         self.skip_ws();
         let start = self.pos;
-        while self.pos < self.s.len()
-            && (self.s[self.pos].is_ascii_alphanumeric() || self.s[self.pos] == b'_')
-        {
-            self.pos += 1;
+        while let Some(c) = self.peek().filter(|c| c.is_alphanumeric() || *c == '_') {
+            self.pos += c.len_utf8();
         }
-        String::from_utf8_lossy(&self.s[start..self.pos]).to_ascii_lowercase()
+        self.s[start..self.pos].to_lowercase()
     }
 
-    fn eat(&mut self, c: u8) -> bool {
+    fn eat(&mut self, c: char) -> bool {
         self.skip_ws();
-        if self.s.get(self.pos) == Some(&c) {
-            self.pos += 1;
+        if self.peek() == Some(c) {
+            self.pos += c.len_utf8();
             true
         } else {
             false
@@ -234,27 +268,59 @@ impl Parser<'_> {
     fn strategy(&mut self) -> Result<StrategySpec, String> {
         let name = self.ident();
         if name.is_empty() {
-            return Err("expected a strategy name".into());
+            return Err(match self.peek() {
+                Some(c) => format!("expected a strategy name, found '{c}'"),
+                None => "expected a strategy name".into(),
+            });
         }
         let mut args = Vec::new();
-        if self.eat(b'(') && !self.eat(b')') {
-            loop {
-                args.push(self.arg()?);
-                if self.eat(b')') {
-                    break;
-                }
-                if !self.eat(b',') {
-                    return Err(format!("expected ',' or ')' in the arguments of {name}"));
+        if self.eat('(') {
+            self.depth += 1;
+            if self.depth > MAX_SPEC_DEPTH {
+                return Err(format!(
+                    "the strategy nests more than {MAX_SPEC_DEPTH} levels deep (only mirrored \
+                     takes a strategy, once)"
+                ));
+            }
+            if !self.eat(')') {
+                loop {
+                    args.push(self.arg()?);
+                    if self.eat(')') {
+                        break;
+                    }
+                    if !self.eat(',') {
+                        return Err(format!(
+                            "expected ',' or ')' in the arguments of {}",
+                            excerpt(&name)
+                        ));
+                    }
                 }
             }
+            self.depth -= 1;
         }
         let int_arg = |args: &[Arg], key: &str| -> Result<Option<usize>, String> {
             let mut found = None;
             for a in args {
                 match a {
-                    Arg::Int(k, v) if k == key => found = Some(*v),
+                    Arg::Int(k, v) if k == key => {
+                        if found.is_some() {
+                            return Err(format!(
+                                "{name} is given argument {key} twice; give it once"
+                            ));
+                        }
+                        found = Some(*v)
+                    }
+                    Arg::Int(k, _) if key.is_empty() => {
+                        return Err(format!(
+                            "{name} takes no argument \"{}\" (it takes none)",
+                            excerpt(k)
+                        ))
+                    }
                     Arg::Int(k, _) => {
-                        return Err(format!("{name} takes no argument \"{k}\" (it takes {key})"))
+                        return Err(format!(
+                            "{name} takes no argument \"{}\" (it takes {key})",
+                            excerpt(k)
+                        ))
                     }
                     Arg::Strategy(s) => {
                         return Err(format!("{name} takes no nested strategy (got {s})"))
@@ -291,23 +357,37 @@ impl Parser<'_> {
                 }
                 _ => Err("mirrored takes exactly one strategy, e.g. mirrored(lowrank(r=1))".into()),
             },
-            other => Err(format!("unknown strategy \"{other}\"")),
+            other => Err(format!("unknown strategy \"{}\"", excerpt(other))),
         }
     }
 
     fn arg(&mut self) -> Result<Arg, String> {
         let save = self.pos;
         let key = self.ident();
-        if self.eat(b'=') {
+        if self.eat('=') {
+            if key.is_empty() {
+                return Err("expected an argument name before '='".into());
+            }
             self.skip_ws();
             let start = self.pos;
-            while self.pos < self.s.len() && self.s[self.pos].is_ascii_digit() {
-                self.pos += 1;
+            while let Some(c) = self.peek().filter(char::is_ascii_digit) {
+                self.pos += c.len_utf8();
             }
-            let text = String::from_utf8_lossy(&self.s[start..self.pos]).to_string();
-            let v = text
-                .parse::<usize>()
-                .map_err(|_| format!("argument {key} needs a non-negative integer"))?;
+            let text = &self.s[start..self.pos];
+            if text.is_empty() {
+                return Err(format!(
+                    "argument {} needs a non-negative integer",
+                    excerpt(&key)
+                ));
+            }
+            let v = text.parse::<usize>().map_err(|_| {
+                format!(
+                    "argument {} = {} is too large (at most {})",
+                    excerpt(&key),
+                    excerpt(text),
+                    usize::MAX
+                )
+            })?;
             Ok(Arg::Int(key, v))
         } else {
             self.pos = save;
@@ -361,6 +441,94 @@ mod tests {
             let e = text.parse::<StrategySpec>().unwrap_err().to_string();
             assert!(e.contains(needle), "{text}: {e}");
             assert!(e.contains("valid:"), "{e}");
+        }
+    }
+
+    /// Parses `text` on a thread with a 256 KiB stack, so a parser that recursed once per
+    /// parenthesis would overflow it (and abort the test binary) instead of returning.
+    fn parse_on_small_stack(text: String) -> Result<StrategySpec, SpecError> {
+        std::thread::Builder::new()
+            .stack_size(256 * 1024)
+            .spawn(move || text.parse::<StrategySpec>())
+            .expect("spawning the parser thread")
+            .join()
+            .expect("the parser thread did not panic")
+    }
+
+    #[test]
+    fn hostile_nesting_and_length_are_refused_without_recursing() {
+        let start = std::time::Instant::now();
+        let deep = format!(
+            "{}iid_gaussian{}",
+            "mirrored(".repeat(30_000),
+            ")".repeat(30_000)
+        );
+        let e = parse_on_small_stack(deep).unwrap_err();
+        assert!(e.reason.contains("at most 256"), "{e}");
+        assert!(
+            e.to_string().len() < 400,
+            "the message echoes the input whole: {e}"
+        );
+        // Under the length bound, the depth bound: nine levels of parentheses.
+        let nested = format!("{}lowrank{}", "mirrored(".repeat(9), ")".repeat(9));
+        assert!(nested.len() <= MAX_SPEC_LEN);
+        let e = parse_on_small_stack(nested).unwrap_err();
+        assert!(e.reason.contains("more than 8 levels deep"), "{e}");
+        // Unbalanced openers stop at the same bound.
+        let e = parse_on_small_stack("lowrank(".repeat(30)).unwrap_err();
+        assert!(e.reason.contains("more than 8 levels deep"), "{e}");
+        assert!(start.elapsed().as_secs() < 5, "took {:?}", start.elapsed());
+        // Exactly at the length bound a strategy still parses.
+        let at_len = format!("lowrank(r=1{})", " ".repeat(MAX_SPEC_LEN - 12));
+        assert_eq!(at_len.len(), MAX_SPEC_LEN);
+        assert_eq!(at_len.parse(), Ok(StrategySpec::LowRank { r: 1 }));
+    }
+
+    #[test]
+    fn messages_quote_whole_words_and_at_most_an_excerpt() {
+        let e = "lörank(r=1)".parse::<StrategySpec>().unwrap_err();
+        assert!(e.reason.contains("unknown strategy \"lörank\""), "{e}");
+        let e = "низкий_ранг".parse::<StrategySpec>().unwrap_err();
+        assert!(e.reason.contains("\"низкий_ранг\""), "{e}");
+        let long = format!("lowrank(r=1) {}", "x".repeat(200));
+        let e = long.parse::<StrategySpec>().unwrap_err();
+        assert!(e.input.chars().count() < 90, "{}", e.input);
+        assert!(e.input.contains("… (213 characters)"), "{}", e.input);
+        assert!(e.reason.contains('…'), "{}", e.reason);
+        assert_eq!(excerpt("short"), "short");
+        let how = "C".repeat(10_000).parse::<How>().unwrap_err();
+        assert!(how.message().len() < 120, "{}", how.message());
+        let e = "lowrank(r=99999999999999999999999)"
+            .parse::<StrategySpec>()
+            .unwrap_err();
+        assert!(e.reason.contains("is too large"), "{e}");
+        for (text, needle) in [
+            ("lowrank(=3)", "argument name before '='"),
+            ("iid_gaussian(=3)", "argument name before '='"),
+            (
+                "iid_gaussian(k=3)",
+                "takes no argument \"k\" (it takes none)",
+            ),
+            ("lowrank(r=)", "needs a non-negative integer"),
+            ("lowrank(r=-1)", "needs a non-negative integer"),
+            ("\u{0}", "expected a strategy name, found"),
+            ("   ", "expected a strategy name"),
+            ("lowrank(r=1,)", "expected a strategy name"),
+        ] {
+            let e = text.parse::<StrategySpec>().unwrap_err();
+            assert!(e.reason.contains(needle), "{text:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_repeated_argument_is_refused() {
+        for (text, needle) in [
+            ("lowrank(r=1, r=2)", "lowrank is given argument r twice"),
+            ("seed_regenerated(chunk=4,chunk=4)", "argument chunk twice"),
+            ("mirrored(lowrank(r=2, r=2))", "argument r twice"),
+        ] {
+            let e = text.parse::<StrategySpec>().unwrap_err();
+            assert!(e.reason.contains(needle), "{text}: {e}");
         }
     }
 

@@ -35,6 +35,10 @@ use crate::prng::{fold_in, normal, Key};
 
 use super::ProblemError;
 
+/// The most decoder layers [`Qwen2Config::validate`] accepts: far above any published
+/// model, and low enough that describing the layers' leaves stays cheap.
+pub const MAX_LAYERS: usize = 10_000;
+
 /// Hyperparameters of a Qwen2 model (the fields of a Hugging Face `config.json` that the
 /// forward needs).
 #[derive(Debug, Clone, PartialEq)]
@@ -112,9 +116,9 @@ impl Qwen2Config {
             "tiny" => Ok(Self::tiny()),
             "0.5b" | "qwen2.5-0.5b" => Ok(Self::qwen2_5_0_5b()),
             "1.5b" | "qwen2.5-1.5b" => Ok(Self::qwen2_5_1_5b()),
-            _ => Err(ProblemError::BadDimension {
+            _ => Err(ProblemError::BadSetting {
                 what: "size",
-                value: 0,
+                value: format!("\"{}\"", crate::es::spec::excerpt(size)),
                 fix: "use size = \"tiny\", \"0.5b\" or \"1.5b\", or load a checkpoint",
             }),
         }
@@ -125,7 +129,9 @@ impl Qwen2Config {
         self.hidden_size / self.num_attention_heads.max(1)
     }
 
-    /// Checks the divisibility constraints the forward relies on.
+    /// Checks the sizes and divisibility constraints the forward relies on, and that the
+    /// RMSNorm epsilon and the rotary base give finite f32 values (a zero or negative
+    /// epsilon or base makes the forward NaN from the first generation).
     pub fn validate(&self) -> Result<(), ProblemError> {
         let dims = [
             ("vocab_size", self.vocab_size),
@@ -161,6 +167,46 @@ impl Qwen2Config {
                 what: "num_key_value_heads",
                 value: self.num_key_value_heads,
                 fix: "num_attention_heads must be a multiple of num_key_value_heads",
+            });
+        }
+        if self.num_hidden_layers > MAX_LAYERS {
+            return Err(ProblemError::BadDimension {
+                what: "num_hidden_layers",
+                value: self.num_hidden_layers,
+                fix: "use at most 10000 layers (published Qwen2 models have 24 to 80)",
+            });
+        }
+        // Token ids are i32 program inputs.
+        if i32::try_from(self.vocab_size).is_err() {
+            return Err(ProblemError::BadDimension {
+                what: "vocab_size",
+                value: self.vocab_size,
+                fix: "use a vocabulary below 2^31 tokens (token ids are i32 in the program)",
+            });
+        }
+        let eps = self.rms_norm_eps as f32;
+        if !(self.rms_norm_eps.is_finite() && eps.is_finite() && eps > 0.0) {
+            return Err(ProblemError::BadSetting {
+                what: "rms_norm_eps",
+                value: self.rms_norm_eps.to_string(),
+                fix: "use a small positive number that f32 can hold, e.g. 1e-6 (what \
+                      published Qwen2 models use); zero or negative makes the forward NaN",
+            });
+        }
+        // The rotary frequencies theta^(-2i/hd) must be finite f32 numbers; the extreme
+        // ones are i = 0 (always 1) and the last.
+        let hd = self.head_dim() as f64;
+        let last = 1.0 / self.rope_theta.powf((hd - 2.0) / hd);
+        if !(self.rope_theta.is_finite()
+            && self.rope_theta > 0.0
+            && (last as f32).is_finite()
+            && last as f32 > 0.0)
+        {
+            return Err(ProblemError::BadSetting {
+                what: "rope_theta",
+                value: self.rope_theta.to_string(),
+                fix: "use a positive rotary base, e.g. 10000 or 1000000 (what published \
+                      Qwen2 models use); zero or negative makes the forward NaN",
             });
         }
         Ok(())
@@ -554,7 +600,13 @@ impl Model for Qwen2 {
     fn member_bytes(&self) -> Option<usize> {
         let c = &self.config;
         let width = c.hidden_size.max(c.intermediate_size).max(c.vocab_size);
-        Some(self.batch * self.seq * width * 4)
+        // Saturating: a config too large to run must not wrap to a small chunk size.
+        Some(
+            self.batch
+                .saturating_mul(self.seq)
+                .saturating_mul(width)
+                .saturating_mul(4),
+        )
     }
 }
 
@@ -700,6 +752,31 @@ mod tests {
         c.num_key_value_heads = 3;
         let e = c.validate().expect_err("4 heads over 3 kv heads");
         assert!(e.to_string().contains("num_key_value_heads"), "{e}");
-        assert!(Qwen2Config::by_size("7b").is_err());
+        let e = Qwen2Config::by_size("huge").expect_err("no such preset");
+        assert!(e.to_string().contains("size = \"huge\""), "{e}");
+        assert!(!e.to_string().contains("size = 0"), "{e}");
+        for (edit, what) in [
+            (
+                (|c: &mut Qwen2Config| c.rms_norm_eps = -1.0) as fn(&mut Qwen2Config),
+                "rms_norm_eps = -1",
+            ),
+            (|c| c.rms_norm_eps = 0.0, "rms_norm_eps = 0"),
+            (|c| c.rms_norm_eps = 1e-50, "rms_norm_eps"),
+            (|c| c.rms_norm_eps = f64::NAN, "rms_norm_eps = NaN"),
+            (|c| c.rms_norm_eps = 1e300, "rms_norm_eps"),
+            (|c| c.rope_theta = 0.0, "rope_theta = 0"),
+            (|c| c.rope_theta = -10.0, "rope_theta = -10"),
+            (|c| c.rope_theta = f64::INFINITY, "rope_theta = inf"),
+            (|c| c.rope_theta = 1e-300, "rope_theta"),
+            (|c| c.num_hidden_layers = 1_000_000_000, "num_hidden_layers"),
+            (|c| c.vocab_size = 1 << 40, "vocab_size"),
+            (|c| c.hidden_size = 30, "hidden_size"),
+            (|c| c.num_attention_heads = 0, "num_attention_heads = 0"),
+        ] {
+            let mut c = Qwen2Config::tiny();
+            edit(&mut c);
+            let e = c.validate().expect_err(what);
+            assert!(e.to_string().contains(what), "{what}: {e}");
+        }
     }
 }

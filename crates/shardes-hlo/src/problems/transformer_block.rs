@@ -77,6 +77,15 @@ impl TransformerBlock {
         make_batch(key, self.d_model, self.batch, self.seq)
     }
 
+    /// Every leaf path with its shape, `(d_model, d_model)` each, in [`CREATION_ORDER`]:
+    /// the parameters [`Self::init`] draws, described without allocating them.
+    pub fn param_shapes(&self) -> Vec<super::ShapedPath> {
+        CREATION_ORDER
+            .iter()
+            .map(|name| (name.to_string(), vec![self.d_model, self.d_model]))
+            .collect()
+    }
+
     /// The shape of `x` and `target`: `(batch, seq, d_model)`.
     pub fn batch_shape(&self) -> [usize; 3] {
         [self.batch, self.seq, self.d_model]
@@ -265,7 +274,13 @@ impl Model for TransformerBlock {
     /// Every activation is `[batch, seq, d_model]` f32 (attention scores are
     /// `[batch, seq, seq]`, no wider while `seq ≤ d_model`).
     fn member_bytes(&self) -> Option<usize> {
-        Some(self.batch * self.seq * self.d_model.max(self.seq) * 4)
+        // Saturating: a config too large to run must not wrap to a small chunk size.
+        Some(
+            self.batch
+                .saturating_mul(self.seq)
+                .saturating_mul(self.d_model.max(self.seq))
+                .saturating_mul(4),
+        )
     }
 }
 
