@@ -39,6 +39,9 @@ pub struct DevicesArgs {
     /// CPU devices to simulate (ignored by plugins with real devices).
     #[arg(long, default_value_t = 8, value_parser = at_least_one())]
     pub devices: usize,
+    /// Print one JSON object instead of the table (for scripts).
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Arguments of `shardes check`.
@@ -46,6 +49,10 @@ pub struct DevicesArgs {
 pub struct CheckArgs {
     /// The run configuration (TOML).
     pub config: PathBuf,
+    /// Print one JSON object (`problem`, `leaves`, `findings` with `path` and `message`)
+    /// instead of the lines; the exit code is the same.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// The ES and the problem of `config` by shape alone: what `hlo`, `check` and `diag` need,
@@ -199,6 +206,25 @@ pub fn devices(args: &DevicesArgs) -> Result<()> {
     let plugin = client.plugin();
     let (major, minor) = plugin.api_version();
     let mut out = Stdout::new();
+    if args.json {
+        let devices: Vec<serde_json::Value> = client
+            .devices()
+            .iter()
+            .map(|d| serde_json::json!({"id": d.id, "kind": d.kind, "description": d.description}))
+            .collect();
+        let doc = serde_json::json!({
+            "plugin": plugin.path().display().to_string(),
+            "platform": client.platform_name(),
+            "pjrt_api": format!("{major}.{minor}"),
+            "xla_version": plugin.xla_version(),
+            "stablehlo_version": plugin.stablehlo_current_version(),
+            "stablehlo_minimum_version": plugin.stablehlo_minimum_version(),
+            "device_count": client.device_count(),
+            "devices": devices,
+        });
+        outln!(out, "{doc}");
+        return out.finish();
+    }
     outln!(out, "plugin     {}", plugin.path().display());
     outln!(out, "platform   {}", client.platform_name());
     outln!(out, "pjrt api   {major}.{minor}");
@@ -224,7 +250,18 @@ pub fn check(args: &CheckArgs) -> Result<usize> {
     let leaves = p.leaves;
     let findings = check_model(&*p.model, &leaves).context("tracing the model")?;
     let mut out = Stdout::new();
-    if findings.is_empty() {
+    if args.json {
+        let list: Vec<serde_json::Value> = findings
+            .iter()
+            .map(|f| serde_json::json!({"path": f.path, "message": f.message}))
+            .collect();
+        let doc = serde_json::json!({
+            "problem": config.problem.name(),
+            "leaves": leaves.len(),
+            "findings": list,
+        });
+        outln!(out, "{doc}");
+    } else if findings.is_empty() {
         outln!(
             out,
             "ok: {} reads all {} leaves, every 2-D leaf through a seam",
