@@ -232,40 +232,31 @@ impl Element for f64 {
     }
 }
 
-impl Element for half::bf16 {
-    const DTYPE: DType = DType::BF16;
-    fn literal(self) -> Option<String> {
-        // Decimal → bf16 conversion paths differ between parsers; hex is always exact.
-        None
-    }
-    fn hex_bits(self) -> String {
-        format!("0x{:04X}", self.to_bits())
-    }
-    fn push_le(self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.to_bits().to_le_bytes());
-    }
-    fn from_f64(x: f64) -> Option<Self> {
-        let y = half::bf16::from_f64(x);
-        (y.to_f64() == x || x.is_nan()).then_some(y)
-    }
+/// The 16-bit floats: always printed as hex bits, since decimal → bf16/f16 conversion
+/// paths differ between parsers and hex is always exact.
+macro_rules! half_element {
+    ($t:ty, $d:expr) => {
+        impl Element for $t {
+            const DTYPE: DType = $d;
+            fn literal(self) -> Option<String> {
+                None
+            }
+            fn hex_bits(self) -> String {
+                format!("0x{:04X}", self.to_bits())
+            }
+            fn push_le(self, out: &mut Vec<u8>) {
+                out.extend_from_slice(&self.to_bits().to_le_bytes());
+            }
+            fn from_f64(x: f64) -> Option<Self> {
+                let y = <$t>::from_f64(x);
+                (y.to_f64() == x || x.is_nan()).then_some(y)
+            }
+        }
+    };
 }
 
-impl Element for half::f16 {
-    const DTYPE: DType = DType::F16;
-    fn literal(self) -> Option<String> {
-        None
-    }
-    fn hex_bits(self) -> String {
-        format!("0x{:04X}", self.to_bits())
-    }
-    fn push_le(self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.to_bits().to_le_bytes());
-    }
-    fn from_f64(x: f64) -> Option<Self> {
-        let y = half::f16::from_f64(x);
-        (y.to_f64() == x || x.is_nan()).then_some(y)
-    }
-}
+half_element!(half::bf16, DType::BF16);
+half_element!(half::f16, DType::F16);
 
 macro_rules! int_element {
     ($t:ty, $d:expr, $w:expr) => {

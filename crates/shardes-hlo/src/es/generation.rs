@@ -20,15 +20,6 @@ use super::settings::ShardedES;
 use super::spec::How;
 use super::strategy::{LeafInfo, Noise, Strategy};
 
-fn dims(lb: &[usize], rb: &[usize], lc: &[usize], rc: &[usize]) -> DotDims {
-    DotDims {
-        lhs_batch: lb.to_vec(),
-        rhs_batch: rb.to_vec(),
-        lhs_contract: lc.to_vec(),
-        rhs_contract: rc.to_vec(),
-    }
-}
-
 /// Direction ids and signs of a block of member ids (`u32[c]`, aligned to the pairing):
 /// `dirs = ids[::p] / p` (`u32[c/p]`), `signs` f32[c] (+1, or −1 for odd mirrored members).
 fn directions(ids: &Value, p: i64) -> Result<(Value, Value), EsError> {
@@ -431,12 +422,13 @@ impl<'a> Emitter<'a> {
                     Ok(match noise {
                         Noise::Dense(e) => {
                             let ed: Vec<usize> = vec![0];
-                            k.dot_general(e, &dims(&[], &[], &[0], &ed))?
+                            k.dot_general(e, &DotDims::new(&[], &[], &[0], &ed))?
                         }
                         Noise::Factors { a, b } => {
                             let r = a.shape()[1];
                             let ks = k.mul(&f.scalar(1.0f32 / (r as f32).sqrt())?)?;
-                            scale_rows(a, &ks)?.dot_general(b, &dims(&[], &[], &[0, 1], &[0, 1]))?
+                            scale_rows(a, &ks)?
+                                .dot_general(b, &DotDims::new(&[], &[], &[0, 1], &[0, 1]))?
                         }
                     })
                 })
