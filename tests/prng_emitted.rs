@@ -6,18 +6,12 @@
 
 mod support;
 
+use support::u32s;
+
 use serde_json::Value as Json;
 use shardes::hlo::builder::{self, Func, Module, TensorType, Value};
 use shardes::hlo::prng::{self, emit, Key, Keys};
 use shardes::runtime::{Client, CompileOptions};
-
-fn u32s(v: &Json) -> Vec<u32> {
-    v.as_array()
-        .expect("array")
-        .iter()
-        .map(|x| u32::try_from(x.as_u64().expect("u32")).expect("fits u32"))
-        .collect()
-}
 
 fn shape_of(v: &Json) -> Vec<i64> {
     v.as_array()

@@ -4,6 +4,8 @@
 
 mod support;
 
+use support::u32s;
+
 use serde_json::Value;
 use shardes::hlo::prng::{
     self, bits, bits_at, erf_inv_f32, fold_in, key, normal, threefry2x32, uniform, Key,
@@ -11,14 +13,6 @@ use shardes::hlo::prng::{
 use shardes::hlo::problems::transformer_block::{init, make_batch, TransformerBlock};
 
 const FLOAT_TOL: f64 = 1e-6;
-
-fn u32s(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .expect("array")
-        .iter()
-        .map(|x| u32::try_from(x.as_u64().expect("u32")).expect("fits u32"))
-        .collect()
-}
 
 fn usizes(v: &Value) -> Vec<usize> {
     v.as_array()

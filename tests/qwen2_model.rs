@@ -7,7 +7,7 @@
 
 use shardes::hlo::builder::{DType, Module, TensorType};
 use shardes::hlo::es::strategy::{from_spec, LowRank, Mirrored};
-use shardes::hlo::es::{leaf_infos, Model, ModelParams, ShardedES, StrategySpec};
+use shardes::hlo::es::{leaf_infos, Model, ModelParams, ShardedES, Strategy, StrategySpec};
 use shardes::hlo::params::{Array, ParamTree};
 use shardes::hlo::prng::key;
 use shardes::hlo::problems::qwen2::{Qwen2, Qwen2Config};
@@ -374,21 +374,32 @@ fn assert_no_member_matrix(what: &str, shape: &[i64], chunk: i64, mats: &[[i64; 
     }
 }
 
+/// Settings with lr 0.01 and a fixed member chunk, the way every test here builds them.
+fn chunked_es(
+    strategy: Box<dyn Strategy>,
+    n: usize,
+    sigma: f32,
+    devices: usize,
+    chunk: usize,
+) -> ShardedES {
+    ShardedES::new(strategy, n, sigma, 0.01, devices)
+        .expect("es")
+        .with_member_chunk(Some(chunk))
+}
+
 #[test]
 fn low_rank_never_forms_a_member_matrix() {
     let cfg = Qwen2Config::tiny();
     let params = tiny_params(&cfg);
     // b·s = 14 matches no matrix dimension of the tiny model (128, 64, 32, 16).
     let q = Qwen2::new(cfg.clone(), 2, 7);
-    let es = ShardedES::new(
+    let es = chunked_es(
         Box::new(Mirrored(Box::new(LowRank { r: 1 }))),
         16,
         0.01,
-        0.01,
         2,
-    )
-    .expect("es")
-    .with_member_chunk(Some(4));
+        4,
+    );
     let program = es
         .generation_program(&q, &leaf_infos(&params))
         .expect("generation program");
@@ -399,15 +410,13 @@ fn low_rank_never_forms_a_member_matrix() {
         assert_no_member_matrix("emitted", &t.shape, 4, &mats);
     }
     // The check can fail: under dense iid noise the members do hold whole matrices.
-    let dense = ShardedES::new(
+    let dense = chunked_es(
         Box::new(shardes::hlo::es::strategy::IidGaussian),
         16,
         0.01,
-        0.01,
         2,
-    )
-    .expect("es")
-    .with_member_chunk(Some(4));
+        4,
+    );
     let dense_prog = dense
         .generation_program(&q, &leaf_infos(&params))
         .expect("dense program");
@@ -431,15 +440,13 @@ fn es_generation_on_8_devices_has_finite_losses_and_matches_1_device() {
     let mut fits = Vec::new();
     for (dtype, devices) in [(DType::F32, 8usize), (DType::F32, 1), (DType::BF16, 1)] {
         let q = q.clone().with_compute_dtype(dtype);
-        let es = ShardedES::new(
+        let es = chunked_es(
             Box::new(Mirrored(Box::new(LowRank { r: 2 }))),
             n,
             0.02,
-            0.01,
             devices,
-        )
-        .expect("es")
-        .with_member_chunk(Some(2));
+            2,
+        );
         let program = es
             .generation_program(&q, &leaf_infos(&params))
             .expect("program");
@@ -548,9 +555,7 @@ fn every_strategy_one_generation_on_1_and_8_devices_agrees() {
         let spec: StrategySpec = spec.parse().expect("strategy");
         let mut results = Vec::new();
         for devices in [1usize, 8] {
-            let es = ShardedES::new(from_spec(&spec), n, 0.02, 0.01, devices)
-                .expect("es")
-                .with_member_chunk(Some(2));
+            let es = chunked_es(from_spec(&spec), n, 0.02, devices, 2);
             let mut t = Trainer::with_state(&client, &es, &q, &params, key(9).unwrap(), &batch, 0)
                 .unwrap_or_else(|e| panic!("{spec} on {devices}: {e}"));
             let fit = t.step().expect("step");

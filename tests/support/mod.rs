@@ -33,6 +33,15 @@ pub fn jax_vectors() -> serde_json::Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()))
 }
 
+/// A JSON array of u32 words (keys, counters, bits in the JAX vectors).
+pub fn u32s(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .expect("array")
+        .iter()
+        .map(|x| u32::try_from(x.as_u64().expect("u32")).expect("fits u32"))
+        .collect()
+}
+
 /// Max absolute and max relative (to `max|b|`) difference of two slices.
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "length mismatch");
@@ -40,6 +49,11 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         .zip(b)
         .map(|(x, y)| (x - y).abs())
         .fold(0.0, f32::max)
+}
+
+/// `a − b` elementwise: a leaf's update from its values after (`a`) and before (`b`).
+pub fn sub(a: &[f32], b: &[f32]) -> Vec<f32> {
+    a.iter().zip(b).map(|(x, y)| x - y).collect()
 }
 
 /// `‖a − b‖₂ / ‖b‖₂`, computed in f64.
