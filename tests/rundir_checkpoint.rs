@@ -7,6 +7,8 @@
 //! test runs in the default `cargo test`. Failpoints are global to the process: every test
 //! here that writes a checkpoint holds `SERIAL`.
 
+mod support;
+
 use std::collections::BTreeSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
@@ -251,18 +253,15 @@ fn kill_9_while_checkpointing_leaves_a_valid_pair() {
     let mut last = 0u32;
     for round in 0..8 {
         let context = format!("round {round} (seed {seed})");
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args([
-                "kill_9_while_checkpointing_leaves_a_valid_pair",
-                "--exact",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(CHILD, &out)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let mut child = support::this_test_as_child(
+            "kill_9_while_checkpointing_leaves_a_valid_pair",
+            CHILD,
+            &out,
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
         // Wait for a checkpoint past the last round's, then kill somewhere in the next.
         let t0 = Instant::now();
         loop {

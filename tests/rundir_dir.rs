@@ -3,6 +3,8 @@
 //! destroys a run without force; force recovers from anything) and `metrics.jsonl` (valid
 //! JSON for NaN and infinities, truncation on resume, torn and damaged lines).
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
@@ -56,11 +58,16 @@ fn snapshot(dir: &Path) -> BTreeMap<String, Vec<u8>> {
 }
 
 /// A finished run of `HASH`: checkpoint at generation 2, two metrics lines.
-fn finished_run(out: &Path) {
-    let mut rd = RunDir::prepare(out, Mode::Fresh { force: false }, HASH)
+/// A fresh run under `out`, committed, with the test hash.
+fn fresh(out: &Path) -> RunDir {
+    RunDir::prepare(out, Mode::Fresh { force: false }, HASH)
         .unwrap()
         .commit()
-        .unwrap();
+        .unwrap()
+}
+
+fn finished_run(out: &Path) {
+    let mut rd = fresh(out);
     rd.write_config("[run]\nseed = 3\n").unwrap();
     let mut m = rd.metrics_writer().unwrap();
     m.append(&metric(0)).unwrap();
@@ -85,10 +92,7 @@ fn refused(out: &Path, mode: Mode, hash: &str) -> RunDirError {
 fn two_opens_in_one_process_conflict() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    let rd = RunDir::prepare(&out, Mode::Fresh { force: false }, HASH)
-        .unwrap()
-        .commit()
-        .unwrap();
+    let rd = fresh(&out);
     for mode in [Mode::Fresh { force: true }, Mode::Resume] {
         let e = RunDir::prepare(&out, mode, HASH).unwrap_err();
         let RunDirError::Locked { dir: d, holder } = &e else {
@@ -139,19 +143,16 @@ fn a_lock_held_by_another_process_names_it_and_dies_with_it() {
     }
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "a_lock_held_by_another_process_names_it_and_dies_with_it",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD, &out)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = support::this_test_as_child(
+        "a_lock_held_by_another_process_names_it_and_dies_with_it",
+        CHILD,
+        &out,
+    )
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
     let stdout = child.stdout.take().unwrap();
     let locked = BufReader::new(stdout)
         .lines()
@@ -171,10 +172,7 @@ fn a_lock_held_by_another_process_names_it_and_dies_with_it() {
     child.kill().unwrap();
     child.wait().unwrap();
     assert!(out.join(".lock").exists());
-    let rd = RunDir::prepare(&out, Mode::Fresh { force: false }, HASH)
-        .unwrap()
-        .commit()
-        .unwrap();
+    let rd = fresh(&out);
     drop(rd);
 }
 
@@ -340,10 +338,7 @@ fn an_unfinished_run_is_kept_and_a_corrupt_state_needs_force() {
     let out = dir.path().join("out");
     // A run that ran generations but never checkpointed (checkpoint_every = 0, killed).
     {
-        let rd = RunDir::prepare(&out, Mode::Fresh { force: false }, HASH)
-            .unwrap()
-            .commit()
-            .unwrap();
+        let rd = fresh(&out);
         let mut m = rd.metrics_writer().unwrap();
         for g in 0..3 {
             m.append(&metric(g)).unwrap();

@@ -33,6 +33,15 @@ pub fn jax_vectors() -> serde_json::Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()))
 }
 
+/// This test binary running only `test` (one thread, output shown), with `var` set to
+/// `value` so that the test knows it is the child; the caller sets its stdio and spawns it.
+pub fn this_test_as_child(test: &str, var: &str, value: &std::path::Path) -> std::process::Command {
+    let mut c = std::process::Command::new(std::env::current_exe().unwrap());
+    c.args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .env(var, value);
+    c
+}
+
 /// A JSON array of u32 words (keys, counters, bits in the JAX vectors).
 pub fn u32s(v: &serde_json::Value) -> Vec<u32> {
     v.as_array()
