@@ -166,20 +166,11 @@ fn how_a_and_b_agree_and_place_the_contraction_as_described() {
         "mirrored(seed_regenerated(chunk=4))",
         "iid_gaussian",
     ] {
-        let a = one_generation(
-            &client,
-            &es(strat, "centered_ranks", How::A, 8),
-            &Mlp::PLAIN,
-            &params,
-            &batch,
-        );
-        let b = one_generation(
-            &client,
-            &es(strat, "centered_ranks", How::B, 8),
-            &Mlp::PLAIN,
-            &params,
-            &batch,
-        );
+        let run = |how| {
+            let e = es(strat, "centered_ranks", how, 8);
+            one_generation(&client, &e, &Mlp::PLAIN, &params, &batch)
+        };
+        let (a, b) = (run(How::A), run(How::B));
         assert_eq!(
             a.fitness, b.fitness,
             "{strat}: A and B evaluate identically"

@@ -374,6 +374,22 @@ fn assert_no_member_matrix(what: &str, shape: &[i64], chunk: i64, mats: &[[i64; 
     }
 }
 
+/// `max |a − b| / |a|` over two fitness vectors.
+fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(a, b)| (a - b).abs() / a.abs())
+        .fold(0.0f32, f32::max)
+}
+
+/// The tiny config with one layer (keeping CPU compilations short) and its parameters.
+fn one_layer_tiny() -> (Qwen2Config, ParamTree) {
+    let mut cfg = Qwen2Config::tiny();
+    cfg.num_hidden_layers = 1;
+    let params = cfg.init(key(3).unwrap(), 0.02).unwrap();
+    (cfg, params)
+}
+
 /// Settings with lr 0.01 and a fixed member chunk, the way every test here builds them.
 fn chunked_es(
     strategy: Box<dyn Strategy>,
@@ -431,9 +447,7 @@ fn low_rank_never_forms_a_member_matrix() {
 #[test]
 fn es_generation_on_8_devices_has_finite_losses_and_matches_1_device() {
     // One layer keeps the three CPU compilations of this test short.
-    let mut cfg = Qwen2Config::tiny();
-    cfg.num_hidden_layers = 1;
-    let params = cfg.init(key(3).unwrap(), 0.02).unwrap();
+    let (cfg, params) = one_layer_tiny();
     let (b, s, n) = (2usize, 7usize, 32usize);
     let q = Qwen2::new(cfg.clone(), b, s);
     let client = Client::cpu(8).expect("cpu client");
@@ -511,19 +525,11 @@ fn es_generation_on_8_devices_has_finite_losses_and_matches_1_device() {
         fits.push(fit);
     }
     // bf16 forward vs f32 forward: same members, close losses.
-    let worst = fits[1]
-        .iter()
-        .zip(&fits[2])
-        .map(|(a, b)| (a - b).abs() / a.abs())
-        .fold(0.0f32, f32::max);
+    let worst = max_rel_diff(&fits[1], &fits[2]);
     println!("bf16 vs f32 fitness max rel diff {worst:e}");
     assert!(worst < 2e-2, "bf16 forward strays {worst:e} from f32");
     // The same generation on 1 device: members are placed differently, numbers are not.
-    let worst = fits[0]
-        .iter()
-        .zip(&fits[1])
-        .map(|(a, b)| (a - b).abs() / a.abs())
-        .fold(0.0f32, f32::max);
+    let worst = max_rel_diff(&fits[0], &fits[1]);
     println!("1 vs 8 devices fitness max rel diff {worst:e}");
     assert!(worst <= 1e-5, "1 and 8 devices differ by {worst:e}");
 }
@@ -533,9 +539,7 @@ fn every_strategy_one_generation_on_1_and_8_devices_agrees() {
     // One generation on the tiny model (one layer, so the ten compilations stay short)
     // under each strategy: 8 devices must give the 1-device fitness and update.
     // Tolerance: 1e-5 relative on fitness, 1e-6 absolute on parameters (|θ| ~ 0.02).
-    let mut cfg = Qwen2Config::tiny();
-    cfg.num_hidden_layers = 1;
-    let params = cfg.init(key(3).unwrap(), 0.02).unwrap();
+    let (cfg, params) = one_layer_tiny();
     let (b, s, n) = (2usize, 6usize, 16usize);
     let q = Qwen2::new(cfg.clone(), b, s);
     let whole = |v: Vec<i32>| v.into_iter().map(|x| x as f32).collect::<Vec<f32>>();

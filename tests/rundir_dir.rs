@@ -8,7 +8,7 @@ mod support;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 use shardes::hlo::params::{Array, ParamTree};
 use shardes::rundir::{
@@ -90,8 +90,7 @@ fn refused(out: &Path, mode: Mode, hash: &str) -> RunDirError {
 
 #[test]
 fn two_opens_in_one_process_conflict() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("out");
+    let (dir, out) = support::out_dir();
     let rd = fresh(&out);
     for mode in [Mode::Fresh { force: true }, Mode::Resume] {
         let e = RunDir::prepare(&out, mode, HASH).unwrap_err();
@@ -141,8 +140,7 @@ fn a_lock_held_by_another_process_names_it_and_dies_with_it() {
         let _ = std::io::stdin().read_line(&mut String::new());
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("out");
+    let (_dir, out) = support::out_dir();
     let mut child = support::this_test_as_child(
         "a_lock_held_by_another_process_names_it_and_dies_with_it",
         CHILD,
@@ -150,7 +148,6 @@ fn a_lock_held_by_another_process_names_it_and_dies_with_it() {
     )
     .stdin(Stdio::piped())
     .stdout(Stdio::piped())
-    .stderr(Stdio::null())
     .spawn()
     .unwrap();
     let stdout = child.stdout.take().unwrap();
@@ -214,8 +211,7 @@ fn an_abandoned_start_changes_nothing() {
 
 #[test]
 fn a_fresh_start_never_destroys_a_run_without_force() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("out");
+    let (_dir, out) = support::out_dir();
     finished_run(&out);
 
     // The same config again: refused, and says how to continue or start over.
@@ -334,8 +330,7 @@ fn files_that_are_not_a_run_are_kept_without_force() {
 
 #[test]
 fn an_unfinished_run_is_kept_and_a_corrupt_state_needs_force() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("out");
+    let (_dir, out) = support::out_dir();
     // A run that ran generations but never checkpointed (checkpoint_every = 0, killed).
     {
         let rd = fresh(&out);
@@ -385,8 +380,7 @@ fn an_unfinished_run_is_kept_and_a_corrupt_state_needs_force() {
 
 #[test]
 fn stale_temporaries_are_removed_on_open() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("out");
+    let (_dir, out) = support::out_dir();
     finished_run(&out);
     let stale = [
         ".state.json.tmp4242",
@@ -494,8 +488,7 @@ fn metrics_stay_valid_json_and_resume_truncates_them() {
 
 #[test]
 fn resume_truncates_the_metrics_to_the_checkpoint() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("out");
+    let (_dir, out) = support::out_dir();
     finished_run(&out);
     // Generations past the checkpoint (2): a run killed after writing them.
     let mut w = MetricsWriter::open(&out.join("metrics.jsonl")).unwrap();

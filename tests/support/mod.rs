@@ -33,13 +33,32 @@ pub fn jax_vectors() -> serde_json::Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()))
 }
 
+/// A temporary directory and the path `out` inside it (not created): where a test's run
+/// goes. Keep the directory alive for as long as the path is used.
+pub fn out_dir() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    (dir, out)
+}
+
 /// This test binary running only `test` (one thread, output shown), with `var` set to
-/// `value` so that the test knows it is the child; the caller sets its stdio and spawns it.
+/// `value` so that the test knows it is the child, its stderr discarded; the caller sets
+/// stdin and stdout and spawns it.
 pub fn this_test_as_child(test: &str, var: &str, value: &std::path::Path) -> std::process::Command {
     let mut c = std::process::Command::new(std::env::current_exe().unwrap());
     c.args([test, "--exact", "--nocapture", "--test-threads=1"])
-        .env(var, value);
+        .env(var, value)
+        .stderr(std::process::Stdio::null());
     c
+}
+
+/// A JSON array of non-negative integers (shapes in the JAX vectors) as `T`.
+pub fn ints<T: TryFrom<u64>>(v: &serde_json::Value) -> Vec<T> {
+    v.as_array()
+        .expect("array")
+        .iter()
+        .map(|x| T::try_from(x.as_u64().expect("int")).ok().expect("fits"))
+        .collect()
 }
 
 /// A JSON array of u32 words (keys, counters, bits in the JAX vectors).

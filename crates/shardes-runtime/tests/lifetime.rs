@@ -2,7 +2,7 @@
 
 mod common;
 
-use shardes_runtime::{Buffer, CompileOptions, Executable};
+use shardes_runtime::{Buffer, Executable};
 
 fn cycle(devices: usize) {
     let (client, exe) = common::compiled(devices);

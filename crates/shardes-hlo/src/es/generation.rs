@@ -137,17 +137,11 @@ impl<'a> Emitter<'a> {
         args: &ProgramArgs<Value>,
         steps: i32,
     ) -> Result<ProgramResults<Value>, EsError> {
-        let ProgramArgs {
-            params,
-            key,
-            generation,
-            batch,
-            ..
-        } = args;
         let out = if steps == 1 {
-            self.one_generation(model, key, params, generation, batch)?
+            let a = args;
+            self.one_generation(model, &a.key, &a.params, &a.generation, &a.batch)?
         } else {
-            self.generation_loop(model, key, params, generation, batch, steps)?
+            self.generation_loop(model, args, steps)?
         };
         self.layout.split_results(out)
     }
@@ -630,12 +624,10 @@ impl<'a> Emitter<'a> {
     fn generation_loop(
         &self,
         model: &dyn Model,
-        key: &Value,
-        params: &[Value],
-        generation: &Value,
-        batch: &[Value],
+        args: &ProgramArgs<Value>,
         steps: i32,
     ) -> Result<Vec<Value>, EsError> {
+        let (key, params, batch) = (&args.key, &args.params, &args.batch);
         let f = key.func();
         let fshape = self.layout.fitness_type().shape;
         let fit0 = f
@@ -643,7 +635,7 @@ impl<'a> Emitter<'a> {
             .shard(&Sharding::split(fshape.len(), 0)?)?;
         let nl = params.len();
         let mut init: Vec<&Value> = params.iter().collect();
-        init.push(generation);
+        init.push(&args.generation);
         init.push(&fit0);
         f.fori_loop(0, steps, &init, |_, c| -> Result<Vec<Value>, EsError> {
             self.one_generation(model, key, &c[..nl], &c[nl], batch)
