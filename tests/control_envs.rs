@@ -141,6 +141,21 @@ fn close(got: f64, want: f64, abs: f64, rel: f64) -> bool {
     (got - want).abs() <= abs + rel * want.abs()
 }
 
+/// A state as f64, for the reference.
+fn widen(x: &[f32]) -> Vec<f64> {
+    x.iter().map(|&x| f64::from(x)).collect()
+}
+
+/// How far state variable `j` of `env` is from the reference: around the circle for an
+/// angle, plainly otherwise.
+fn var_diff(env: Env, j: usize, g: f64, w: f64) -> f64 {
+    if angles(env).contains(&j) {
+        angle_diff(g, w)
+    } else {
+        (g - w).abs()
+    }
+}
+
 fn angle_diff(a: f64, b: f64) -> f64 {
     let tau = std::f64::consts::TAU;
     let d = (a - b).rem_euclid(tau);
@@ -190,19 +205,12 @@ fn one_step_from_random_states_matches_the_f64_reference() {
         let (abs, rel) = one_step_tolerance(env);
         let (mut worst_s, mut worst_r, mut compared) = (0.0f64, 0.0f64, 0);
         for i in 0..n {
-            let s0: Vec<f64> = states[i * s..(i + 1) * s]
-                .iter()
-                .map(|&x| f64::from(x))
-                .collect();
+            let s0 = widen(&states[i * s..(i + 1) * s]);
             let want = reference::step(env.name(), &s0, f64::from(actions[i]));
             for j in 0..s {
                 let g = f64::from(got.states[i * s + j]);
                 let w = want.state[j];
-                let d = if angles(env).contains(&j) {
-                    angle_diff(g, w)
-                } else {
-                    (g - w).abs()
-                };
+                let d = var_diff(env, j, g, w);
                 worst_s = worst_s.max(d / (1.0 + w.abs()));
                 assert!(
                     d <= abs + rel * w.abs(),
@@ -255,20 +263,13 @@ fn two_hundred_steps_under_fixed_actions_match_the_f64_reference() {
         let mut ret_got = 0.0f64;
         let mut ret_want = 0.0f64;
         for e in 0..b {
-            let mut st: Vec<f64> = reset[e * s..(e + 1) * s]
-                .iter()
-                .map(|&x| f64::from(x))
-                .collect();
+            let mut st = widen(&reset[e * s..(e + 1) * s]);
             for k in 0..steps {
                 let out = reference::step(name, &st, f64::from(actions[k * b + e]));
                 for j in 0..s {
                     let g = f64::from(got.states[(k * b + e) * s + j]);
                     let w = out.state[j];
-                    let d = if angles(env).contains(&j) {
-                        angle_diff(g, w)
-                    } else {
-                        (g - w).abs()
-                    };
+                    let d = var_diff(env, j, g, w);
                     worst = worst.max(d / (abs + rel * w.abs()));
                     assert!(
                         d <= abs + rel * w.abs(),
@@ -305,20 +306,13 @@ fn acrobot_at_high_energy_agrees_until_chaos_separates_the_trajectories() {
     let got = run(&client, env, &start, &actions, b, CHAOS_STEPS);
     let s = env.state_dim();
     for e in 0..b {
-        let mut st: Vec<f64> = start[e * s..(e + 1) * s]
-            .iter()
-            .map(|&x| f64::from(x))
-            .collect();
+        let mut st = widen(&start[e * s..(e + 1) * s]);
         for k in 0..CHAOS_STEPS {
             let out = reference::step("acrobot", &st, f64::from(actions[k * b + e]));
             for j in 0..s {
                 let g = f64::from(got.states[(k * b + e) * s + j]);
                 let w = out.state[j];
-                let d = if angles(env).contains(&j) {
-                    angle_diff(g, w)
-                } else {
-                    (g - w).abs()
-                };
+                let d = var_diff(env, j, g, w);
                 assert!(
                     d <= 1e-2 * (1.0 + w.abs()),
                     "acrobot episode {e} step {k} var {j}: got {g}, want {w}"

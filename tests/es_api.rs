@@ -21,7 +21,7 @@ use shardes::hlo::problems::transformer_block::TransformerBlock;
 use shardes::runtime::Client;
 use shardes::Trainer;
 use support::rel_norm_diff;
-use support::tiny::{mlp_batch, mlp_params, one_generation, Mlp};
+use support::tiny::{mlp_batch, mlp_on_8_devices, mlp_params, one_generation, Mlp};
 
 fn lowrank() -> Box<dyn Strategy> {
     Box::new(LowRank { r: 1 })
@@ -241,9 +241,7 @@ fn users_can_implement_strategy_and_shaping() {
     // Halved noise at σ evaluates exactly the members of IID noise at σ/2 (scaling by 0.5
     // is exact), and lr/(nσ)·Σ 2f·ε/2 is half of lr/(n·σ/2)·Σ f·ε: the update is half of
     // the built-in one (to 1e-6 relative: only the scale factors round differently).
-    let client = Client::cpu(8).expect("8 CPU devices");
-    let params = mlp_params(1);
-    let batch = mlp_batch(2);
+    let (client, params, batch) = mlp_on_8_devices();
     let (n, sigma, lr) = (64, 0.1f32, 1.0f32);
     let custom = ShardedES::new(Box::new(Halved), n, sigma, lr, 8)
         .expect("valid")

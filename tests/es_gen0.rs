@@ -74,12 +74,7 @@ fn quickstart_generation_0_matches_jax_on_1_and_8_devices() {
             // The host init matches JAX to ~3e-8 (the last bit of erf_inv); see prng_vectors.
             let e0 = support::max_abs_diff(a0.data(), want_p0.data());
             assert!(e0 <= 1e-7, "params0.{path} off by {e0:e}");
-            let got: Vec<f32> = a1
-                .data()
-                .iter()
-                .zip(a0.data())
-                .map(|(x, y)| x - y)
-                .collect();
+            let got = support::sub(a1.data(), a0.data());
             let want = file.f32(&format!("update.{path}")).unwrap();
             let e = rel_norm_diff(&got, want.data());
             println!("devices={devices}: update.{path} rel norm err {e:e}");

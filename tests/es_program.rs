@@ -16,7 +16,9 @@ use shardes::hlo::es::strategy::from_spec;
 use shardes::hlo::es::{leaf_infos, How, Model, ShardedES, Strategy, StrategySpec};
 use shardes::runtime::{Client, HloModule};
 use support::rel_norm_diff;
-use support::tiny::{mlp_batch, mlp_params, one_generation, Mlp, HIDDEN, IN, OUT};
+use support::tiny::{
+    mlp_batch, mlp_on_8_devices, mlp_params, one_generation, Mlp, HIDDEN, IN, OUT, STRATEGIES,
+};
 
 const N: usize = 64;
 /// Large enough that the update is of the order of the parameters, so `θ₁ − θ₀` carries
@@ -115,16 +117,6 @@ fn device_count_invariance_reduced_grid() {
     ]);
 }
 
-const STRATEGIES: [&str; 8] = [
-    "lowrank(r=1)",
-    "lowrank(r=2)",
-    "seed_regenerated(chunk=4)",
-    "iid_gaussian",
-    "mirrored(lowrank(r=1))",
-    "mirrored(lowrank(r=2))",
-    "mirrored(seed_regenerated(chunk=4))",
-    "mirrored(iid_gaussian)",
-];
 const SHAPINGS: [&str; 4] = ["centered_ranks", "centered", "none", "group_relative"];
 
 #[test]
@@ -166,9 +158,7 @@ fn collectives(hlo: &HloModule) -> Vec<(String, usize)> {
 
 #[test]
 fn how_a_and_b_agree_and_place_the_contraction_as_described() {
-    let client = Client::cpu(8).expect("8 CPU devices");
-    let params = mlp_params(1);
-    let batch = mlp_batch(2);
+    let (client, params, batch) = mlp_on_8_devices();
     let num_params = params.num_params();
     let mut worst = 0.0f64;
     for strat in [
@@ -176,20 +166,11 @@ fn how_a_and_b_agree_and_place_the_contraction_as_described() {
         "mirrored(seed_regenerated(chunk=4))",
         "iid_gaussian",
     ] {
-        let a = one_generation(
-            &client,
-            &es(strat, "centered_ranks", How::A, 8),
-            &Mlp::PLAIN,
-            &params,
-            &batch,
-        );
-        let b = one_generation(
-            &client,
-            &es(strat, "centered_ranks", How::B, 8),
-            &Mlp::PLAIN,
-            &params,
-            &batch,
-        );
+        let run = |how| {
+            let e = es(strat, "centered_ranks", how, 8);
+            one_generation(&client, &e, &Mlp::PLAIN, &params, &batch)
+        };
+        let (a, b) = (run(How::A), run(How::B));
         assert_eq!(
             a.fitness, b.fitness,
             "{strat}: A and B evaluate identically"
@@ -270,9 +251,7 @@ fn emitted_offenders(es: &ShardedES) -> Vec<String> {
 
 #[test]
 fn low_rank_never_forms_a_member_by_matrix_value() {
-    let client = Client::cpu(8).expect("8 CPU devices");
-    let params = mlp_params(1);
-    let batch = mlp_batch(2);
+    let (client, params, batch) = mlp_on_8_devices();
     for strat in [
         "lowrank(r=1)",
         "lowrank(r=2)",
@@ -326,9 +305,7 @@ fn low_rank_never_forms_a_member_by_matrix_value() {
 
 #[test]
 fn each_device_evaluates_only_its_own_members() {
-    let client = Client::cpu(8).expect("8 CPU devices");
-    let params = mlp_params(1);
-    let batch = mlp_batch(2);
+    let (client, params, batch) = mlp_on_8_devices();
     let d = 8;
     for strat in [
         "lowrank(r=1)",

@@ -16,7 +16,7 @@ use shardes::hlo::es::ShardedES;
 use shardes::hlo::prng::{key, normal};
 use shardes::runtime::{Client, CompileOptions};
 use support::shaping as host;
-use support::tiny::{mlp_batch, mlp_params, one_generation, Constant};
+use support::tiny::{mlp_on_8_devices, one_generation, Constant};
 
 /// Runs `shaping` on `fitness` (shape `dims`) through XLA.
 fn emitted(client: &Client, shaping: &dyn Shaping, fitness: &[f32], dims: &[usize]) -> Vec<f32> {
@@ -231,9 +231,7 @@ fn group_relative_zero_spread_task_contributes_exactly_zero() {
 
 #[test]
 fn mirrored_with_uniform_fitness_gives_an_exactly_zero_update() {
-    let client = Client::cpu(8).expect("8 CPU devices");
-    let params = mlp_params(1);
-    let batch = mlp_batch(2);
+    let (client, params, batch) = mlp_on_8_devices();
     for (strat, shaping) in [
         ("mirrored(lowrank(r=1))", "centered_ranks"),
         ("mirrored(iid_gaussian)", "none"),

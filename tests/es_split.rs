@@ -20,7 +20,7 @@ use shardes::runtime::half::{bf16, f16};
 use shardes::runtime::{Client, CompileOptions};
 use shardes::{HostFitness, SplitTrainer, Trainer};
 use support::rel_norm_diff;
-use support::tiny::{mlp_batch, mlp_params, Mlp};
+use support::tiny::{mlp_on_8_devices, Mlp};
 
 fn es(strat: &str, shaping: &str, devices: usize) -> ShardedES {
     ShardedES::new(
@@ -53,9 +53,7 @@ fn delta(after: &ParamTree, before: &ParamTree) -> Vec<Vec<f32>> {
 
 #[test]
 fn split_mode_with_its_own_fitness_matches_the_fused_trainer() {
-    let client = Client::cpu(8).expect("8 CPU devices");
-    let params = mlp_params(1);
-    let batch = mlp_batch(2);
+    let (client, params, batch) = mlp_on_8_devices();
     let k = key(7).expect("seed");
     let mut worst = 0.0f64;
     // The last case hands `tell` one loss per task (`[n, tasks]` fitness).
@@ -111,9 +109,7 @@ fn split_mode_with_its_own_fitness_matches_the_fused_trainer() {
 
 #[test]
 fn split_mode_takes_a_host_reward_and_refuses_narrow_fitness() {
-    let client = Client::cpu(8).expect("8 CPU devices");
-    let params = mlp_params(1);
-    let batch = mlp_batch(2);
+    let (client, params, batch) = mlp_on_8_devices();
     let k = key(7).expect("seed");
     let e = es("lowrank(r=2)", "none", 8);
     let mut plain =
@@ -210,9 +206,7 @@ fn the_run_loop_steps_on_device_state_and_the_quickstart_loss_falls() {
 
 #[test]
 fn the_generation_program_donates_params_and_generation_but_not_the_key() {
-    let client = Client::cpu(8).expect("8 CPU devices");
-    let params = mlp_params(1);
-    let batch = mlp_batch(2);
+    let (client, params, batch) = mlp_on_8_devices();
     let e = es("lowrank(r=1)", "centered_ranks", 8);
     let program = e
         .generation_program(&Mlp::PLAIN, &shardes::hlo::es::leaf_infos(&params))

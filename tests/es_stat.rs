@@ -16,7 +16,7 @@ use shardes::hlo::es::{leaf_infos, ShardedES};
 use shardes::hlo::params::{Array, ParamTree};
 use shardes::hlo::prng::{fold_in, key, normal};
 use shardes::runtime::{Client, CompileOptions, Executable};
-use support::tiny::{Quadratic, QUAD_B, QUAD_W};
+use support::tiny::{Quadratic, QUAD_B, QUAD_W, STRATEGIES};
 
 const SIGMA: f32 = 0.05;
 const REPLICATES: usize = 64;
@@ -124,16 +124,7 @@ fn es_gradient_is_unbiased_and_sharpens_with_n() {
     let p = problem();
     let leaves = leaf_infos(&p.zero);
     let gnorm: f64 = p.grad.iter().map(|x| x * x).sum::<f64>().sqrt();
-    for strat in [
-        "lowrank(r=1)",
-        "lowrank(r=2)",
-        "seed_regenerated(chunk=4)",
-        "iid_gaussian",
-        "mirrored(lowrank(r=1))",
-        "mirrored(lowrank(r=2))",
-        "mirrored(seed_regenerated(chunk=4))",
-        "mirrored(iid_gaussian)",
-    ] {
+    for strat in STRATEGIES {
         let mut cos_by_n = Vec::new();
         for n in [64usize, 1024] {
             let es = ShardedES::new(from_spec(&strat.parse().expect("spec")), n, SIGMA, 1.0, 1)

@@ -63,12 +63,7 @@ fn check_one(
     let weights = support::shaping::centered_ranks(&g.fitness);
     let want = oracle.update(params, base_key(key(7).expect("seed"), 0), &weights);
     for ((got, (path, p0)), (_, p1)) in g.update.iter().zip(params.leaves()).zip(want.leaves()) {
-        let delta: Vec<f32> = p1
-            .data()
-            .iter()
-            .zip(p0.data())
-            .map(|(a, b)| a - b)
-            .collect();
+        let delta = support::sub(p1.data(), p0.data());
         let e = rel_norm_diff(got, &delta);
         println!(
             "{spec}, n = {}, {devices} devices: {path} rel err {e:e}",

@@ -57,6 +57,20 @@ fn assert_close(what: &str, got: &[f32], want: &[f32], abs: f32, rel: f32) {
 }
 
 /// 24 deterministic values in (-3, 3), none integral, with sign changes.
+/// The seven arithmetic binary ops both element kinds have, in the order the tests read
+/// their results: add, sub, mul, div, rem, max, min.
+fn arithmetic(a: &Value, b: &Value) -> Result<Vec<Value>> {
+    Ok(vec![
+        a.add(b)?,
+        a.sub(b)?,
+        a.mul(b)?,
+        a.div(b)?,
+        a.rem(b)?,
+        a.max(b)?,
+        a.min(b)?,
+    ])
+}
+
 fn sample() -> Vec<f32> {
     (0..24)
         .map(|i| ((i * 37 % 24) as f32 - 11.5) * 0.25 + 0.013 * i as f32)
@@ -189,16 +203,9 @@ fn binary_float_ops_with_broadcasting() {
     let m = module(|f| {
         let a = f.arg("a", TensorType::f32(&[6, 4]))?;
         let b = f.arg("b", TensorType::f32(&[4]))?; // broadcast along rows
-        Ok(vec![
-            a.add(&b)?,
-            a.sub(&b)?,
-            a.mul(&b)?,
-            a.div(&b)?,
-            a.rem(&b)?,
-            a.max(&b)?,
-            a.min(&b)?,
-            a.abs()?.pow(&b)?,
-        ])
+        let mut out = arithmetic(&a, &b)?;
+        out.push(a.abs()?.pow(&b)?);
+        Ok(out)
     });
     let out = run(&c, &m, &[&bx, &by]);
     type F = fn(f32, f32) -> f32;
@@ -235,27 +242,24 @@ fn integer_and_bit_ops() {
         let b = f.arg("b", TensorType::i32(&[6]))?;
         let u = f.arg("u", TensorType::u32(&[6]))?;
         let s = f.arg("s", TensorType::u32(&[6]))?;
-        Ok(vec![
-            a.add(&b)?,
-            a.sub(&b)?,
-            a.mul(&b)?,
-            a.div(&b)?,
-            a.rem(&b)?,
-            a.max(&b)?,
-            a.min(&b)?,
-            a.neg()?,
-            a.abs()?,
-            a.shift_right_arithmetic(&f.scalar(1i32)?)?,
-            u.add(&s)?,
-            u.mul(&u)?,
-            u.and(&s)?,
-            u.or(&s)?,
-            u.xor(&s)?,
-            u.not()?,
-            u.shift_left(&s)?,
-            u.shift_right_logical(&s)?,
-            u.lt(&s)?.convert(DType::U32)?,
-        ])
+        let arith = arithmetic(&a, &b)?;
+        Ok(arith
+            .into_iter()
+            .chain([
+                a.neg()?,
+                a.abs()?,
+                a.shift_right_arithmetic(&f.scalar(1i32)?)?,
+                u.add(&s)?,
+                u.mul(&u)?,
+                u.and(&s)?,
+                u.or(&s)?,
+                u.xor(&s)?,
+                u.not()?,
+                u.shift_left(&s)?,
+                u.shift_right_logical(&s)?,
+                u.lt(&s)?.convert(DType::U32)?,
+            ])
+            .collect())
     });
     let out = run(&c, &m, &[&ba, &bb, &bu, &bs]);
     let i = |k: usize| out[k].to_host::<i32>().unwrap();

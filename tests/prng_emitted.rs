@@ -6,26 +6,12 @@
 
 mod support;
 
+use support::{ints, u32s};
+
 use serde_json::Value as Json;
 use shardes::hlo::builder::{self, Func, Module, TensorType, Value};
 use shardes::hlo::prng::{self, emit, Key, Keys};
 use shardes::runtime::{Client, CompileOptions};
-
-fn u32s(v: &Json) -> Vec<u32> {
-    v.as_array()
-        .expect("array")
-        .iter()
-        .map(|x| u32::try_from(x.as_u64().expect("u32")).expect("fits u32"))
-        .collect()
-}
-
-fn shape_of(v: &Json) -> Vec<i64> {
-    v.as_array()
-        .expect("shape")
-        .iter()
-        .map(|x| x.as_i64().expect("int"))
-        .collect()
-}
 
 /// Builds `main(key: u32[2], extra: u32[m]) -> out` with `body`, runs it on one device.
 fn run<F>(extra: &[u32], body: F) -> Vec<u8>
@@ -152,7 +138,7 @@ fn bits_uniform_normal_match_jax() {
     let v = support::jax_vectors();
     for e in v["bits"].as_array().unwrap() {
         with_key(&u32s(&e["key"]));
-        let shape = shape_of(&e["shape"]);
+        let shape = ints::<i64>(&e["shape"]);
         let got = words(&run(&[0], |_, k, _| {
             Keys::from_data(k).unwrap().bits(&shape).unwrap()
         }));
@@ -160,7 +146,7 @@ fn bits_uniform_normal_match_jax() {
     }
     for e in v["uniform"].as_array().unwrap() {
         with_key(&u32s(&e["key"]));
-        let shape = shape_of(&e["shape"]);
+        let shape = ints::<i64>(&e["shape"]);
         let (lo, hi) = (
             e["lo"].as_f64().unwrap() as f32,
             e["hi"].as_f64().unwrap() as f32,
@@ -172,7 +158,7 @@ fn bits_uniform_normal_match_jax() {
     }
     for e in v["normal"].as_array().unwrap() {
         with_key(&u32s(&e["key"]));
-        let shape = shape_of(&e["shape"]);
+        let shape = ints::<i64>(&e["shape"]);
         let got = floats(&run(&[0], |_, k, _| {
             Keys::from_data(k).unwrap().normal(&shape).unwrap()
         }));

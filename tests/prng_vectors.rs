@@ -4,6 +4,8 @@
 
 mod support;
 
+use support::{ints, u32s};
+
 use serde_json::Value;
 use shardes::hlo::prng::{
     self, bits, bits_at, erf_inv_f32, fold_in, key, normal, threefry2x32, uniform, Key,
@@ -11,22 +13,6 @@ use shardes::hlo::prng::{
 use shardes::hlo::problems::transformer_block::{init, make_batch, TransformerBlock};
 
 const FLOAT_TOL: f64 = 1e-6;
-
-fn u32s(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .expect("array")
-        .iter()
-        .map(|x| u32::try_from(x.as_u64().expect("u32")).expect("fits u32"))
-        .collect()
-}
-
-fn usizes(v: &Value) -> Vec<usize> {
-    v.as_array()
-        .expect("array")
-        .iter()
-        .map(|x| x.as_u64().expect("int") as usize)
-        .collect()
-}
 
 fn f64s(v: &Value) -> Vec<f64> {
     v.as_array()
@@ -123,7 +109,7 @@ fn threefry_and_fold_in() {
 fn bits_exact() {
     let v = support::jax_vectors();
     for e in v["bits"].as_array().expect("bits") {
-        let got = bits(key_of(&e["key"]), &usizes(&e["shape"])).expect("shape");
+        let got = bits(key_of(&e["key"]), &ints::<usize>(&e["shape"])).expect("shape");
         assert_eq!(got, u32s(&e["values"]), "{}", e["description"]);
     }
 }
@@ -135,7 +121,7 @@ fn uniform_and_normal() {
     for e in v["uniform"].as_array().expect("uniform") {
         let lo = e["lo"].as_f64().expect("lo") as f32;
         let hi = e["hi"].as_f64().expect("hi") as f32;
-        let got = uniform(key_of(&e["key"]), &usizes(&e["shape"]), lo, hi).expect("shape");
+        let got = uniform(key_of(&e["key"]), &ints::<usize>(&e["shape"]), lo, hi).expect("shape");
         let (x, t, m) = check_floats("uniform", &got, e);
         // uniform has no transcendental: the FMA form must be bit-exact.
         assert_eq!(x, t, "uniform must be bit-exact: {}", e["description"]);
@@ -146,7 +132,7 @@ fn uniform_and_normal() {
     println!("uniform: {exact}/{total} bit-exact, max |err| {max_err:e}");
     let (mut exact, mut total, mut max_err) = (0, 0, 0.0f64);
     for e in v["normal"].as_array().expect("normal") {
-        let got = normal(key_of(&e["key"]), &usizes(&e["shape"])).expect("shape");
+        let got = normal(key_of(&e["key"]), &ints::<usize>(&e["shape"])).expect("shape");
         let (x, t, m) = check_floats("normal", &got, e);
         exact += x;
         total += t;
@@ -203,7 +189,7 @@ fn erf_inv_tail_matches_a_high_precision_reference() {
 
 /// Checks an array against an anchor with `first8` and `sum_f64` (and `abs_sum_f64` if present).
 fn check_anchor(what: &str, data: &[f32], shape: &[usize], e: &Value) {
-    assert_eq!(shape.to_vec(), usizes(&e["shape"]), "{what}: shape");
+    assert_eq!(shape.to_vec(), ints::<usize>(&e["shape"]), "{what}: shape");
     let first8 = f64s(&e["first8"]);
     let mut bit_exact = 0;
     for (c, (g, w)) in data.iter().zip(&first8).enumerate() {

@@ -7,7 +7,7 @@
 
 use shardes::hlo::builder::{DType, Module, TensorType};
 use shardes::hlo::es::strategy::{from_spec, LowRank, Mirrored};
-use shardes::hlo::es::{leaf_infos, Model, ModelParams, ShardedES, StrategySpec};
+use shardes::hlo::es::{leaf_infos, Model, ModelParams, ShardedES, Strategy, StrategySpec};
 use shardes::hlo::params::{Array, ParamTree};
 use shardes::hlo::prng::key;
 use shardes::hlo::problems::qwen2::{Qwen2, Qwen2Config};
@@ -374,21 +374,48 @@ fn assert_no_member_matrix(what: &str, shape: &[i64], chunk: i64, mats: &[[i64; 
     }
 }
 
+/// `max |a − b| / |a|` over two fitness vectors.
+fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(a, b)| (a - b).abs() / a.abs())
+        .fold(0.0f32, f32::max)
+}
+
+/// The tiny config with one layer (keeping CPU compilations short) and its parameters.
+fn one_layer_tiny() -> (Qwen2Config, ParamTree) {
+    let mut cfg = Qwen2Config::tiny();
+    cfg.num_hidden_layers = 1;
+    let params = cfg.init(key(3).unwrap(), 0.02).unwrap();
+    (cfg, params)
+}
+
+/// Settings with lr 0.01 and a fixed member chunk, the way every test here builds them.
+fn chunked_es(
+    strategy: Box<dyn Strategy>,
+    n: usize,
+    sigma: f32,
+    devices: usize,
+    chunk: usize,
+) -> ShardedES {
+    ShardedES::new(strategy, n, sigma, 0.01, devices)
+        .expect("es")
+        .with_member_chunk(Some(chunk))
+}
+
 #[test]
 fn low_rank_never_forms_a_member_matrix() {
     let cfg = Qwen2Config::tiny();
     let params = tiny_params(&cfg);
     // b·s = 14 matches no matrix dimension of the tiny model (128, 64, 32, 16).
     let q = Qwen2::new(cfg.clone(), 2, 7);
-    let es = ShardedES::new(
+    let es = chunked_es(
         Box::new(Mirrored(Box::new(LowRank { r: 1 }))),
         16,
         0.01,
-        0.01,
         2,
-    )
-    .expect("es")
-    .with_member_chunk(Some(4));
+        4,
+    );
     let program = es
         .generation_program(&q, &leaf_infos(&params))
         .expect("generation program");
@@ -399,15 +426,13 @@ fn low_rank_never_forms_a_member_matrix() {
         assert_no_member_matrix("emitted", &t.shape, 4, &mats);
     }
     // The check can fail: under dense iid noise the members do hold whole matrices.
-    let dense = ShardedES::new(
+    let dense = chunked_es(
         Box::new(shardes::hlo::es::strategy::IidGaussian),
         16,
         0.01,
-        0.01,
         2,
-    )
-    .expect("es")
-    .with_member_chunk(Some(4));
+        4,
+    );
     let dense_prog = dense
         .generation_program(&q, &leaf_infos(&params))
         .expect("dense program");
@@ -422,24 +447,20 @@ fn low_rank_never_forms_a_member_matrix() {
 #[test]
 fn es_generation_on_8_devices_has_finite_losses_and_matches_1_device() {
     // One layer keeps the three CPU compilations of this test short.
-    let mut cfg = Qwen2Config::tiny();
-    cfg.num_hidden_layers = 1;
-    let params = cfg.init(key(3).unwrap(), 0.02).unwrap();
+    let (cfg, params) = one_layer_tiny();
     let (b, s, n) = (2usize, 7usize, 32usize);
     let q = Qwen2::new(cfg.clone(), b, s);
     let client = Client::cpu(8).expect("cpu client");
     let mut fits = Vec::new();
     for (dtype, devices) in [(DType::F32, 8usize), (DType::F32, 1), (DType::BF16, 1)] {
         let q = q.clone().with_compute_dtype(dtype);
-        let es = ShardedES::new(
+        let es = chunked_es(
             Box::new(Mirrored(Box::new(LowRank { r: 2 }))),
             n,
             0.02,
-            0.01,
             devices,
-        )
-        .expect("es")
-        .with_member_chunk(Some(2));
+            2,
+        );
         let program = es
             .generation_program(&q, &leaf_infos(&params))
             .expect("program");
@@ -504,19 +525,11 @@ fn es_generation_on_8_devices_has_finite_losses_and_matches_1_device() {
         fits.push(fit);
     }
     // bf16 forward vs f32 forward: same members, close losses.
-    let worst = fits[1]
-        .iter()
-        .zip(&fits[2])
-        .map(|(a, b)| (a - b).abs() / a.abs())
-        .fold(0.0f32, f32::max);
+    let worst = max_rel_diff(&fits[1], &fits[2]);
     println!("bf16 vs f32 fitness max rel diff {worst:e}");
     assert!(worst < 2e-2, "bf16 forward strays {worst:e} from f32");
     // The same generation on 1 device: members are placed differently, numbers are not.
-    let worst = fits[0]
-        .iter()
-        .zip(&fits[1])
-        .map(|(a, b)| (a - b).abs() / a.abs())
-        .fold(0.0f32, f32::max);
+    let worst = max_rel_diff(&fits[0], &fits[1]);
     println!("1 vs 8 devices fitness max rel diff {worst:e}");
     assert!(worst <= 1e-5, "1 and 8 devices differ by {worst:e}");
 }
@@ -526,9 +539,7 @@ fn every_strategy_one_generation_on_1_and_8_devices_agrees() {
     // One generation on the tiny model (one layer, so the ten compilations stay short)
     // under each strategy: 8 devices must give the 1-device fitness and update.
     // Tolerance: 1e-5 relative on fitness, 1e-6 absolute on parameters (|θ| ~ 0.02).
-    let mut cfg = Qwen2Config::tiny();
-    cfg.num_hidden_layers = 1;
-    let params = cfg.init(key(3).unwrap(), 0.02).unwrap();
+    let (cfg, params) = one_layer_tiny();
     let (b, s, n) = (2usize, 6usize, 16usize);
     let q = Qwen2::new(cfg.clone(), b, s);
     let whole = |v: Vec<i32>| v.into_iter().map(|x| x as f32).collect::<Vec<f32>>();
@@ -548,9 +559,7 @@ fn every_strategy_one_generation_on_1_and_8_devices_agrees() {
         let spec: StrategySpec = spec.parse().expect("strategy");
         let mut results = Vec::new();
         for devices in [1usize, 8] {
-            let es = ShardedES::new(from_spec(&spec), n, 0.02, 0.01, devices)
-                .expect("es")
-                .with_member_chunk(Some(2));
+            let es = chunked_es(from_spec(&spec), n, 0.02, devices, 2);
             let mut t = Trainer::with_state(&client, &es, &q, &params, key(9).unwrap(), &batch, 0)
                 .unwrap_or_else(|e| panic!("{spec} on {devices}: {e}"));
             let fit = t.step().expect("step");

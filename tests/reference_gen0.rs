@@ -189,12 +189,7 @@ fn fitness_weights_and_update() {
         let new = QUICKSTART.update(&s.params, base, weights);
         let mut worst = 0.0f64;
         for ((name, p0), (_, p1)) in s.params.leaves().into_iter().zip(new.leaves()) {
-            let delta: Vec<f32> = p1
-                .data()
-                .iter()
-                .zip(p0.data())
-                .map(|(a, b)| a - b)
-                .collect();
+            let delta = support::sub(p1.data(), p0.data());
             let want = s.file.f32(&format!("update.{name}")).expect("update leaf");
             let rel = rel_norm_diff(&delta, want.data());
             worst = worst.max(rel);

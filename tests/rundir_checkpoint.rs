@@ -7,10 +7,12 @@
 //! test runs in the default `cargo test`. Failpoints are global to the process: every test
 //! here that writes a checkpoint holds `SERIAL`.
 
+mod support;
+
 use std::collections::BTreeSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -112,8 +114,7 @@ fn failpoints_are_compiled_into_the_tests() {
 #[test]
 fn checkpoints_write_and_read_back() {
     let _g = serial();
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("out");
+    let (dir, out) = support::out_dir();
     let mut rd = fresh(&out);
     assert!(rd.committed().is_none());
     let st = rd
@@ -173,8 +174,7 @@ fn every_failpoint_leaves_the_previous_or_the_new_pair() {
     for (i, fp) in FAILPOINTS.iter().enumerate() {
         for action in ["return", "panic"] {
             let context = format!("failpoint {fp} ({action})");
-            let dir = tempfile::tempdir().unwrap();
-            let out = dir.path().join("out");
+            let (_dir, out) = support::out_dir();
             {
                 let mut rd = fresh(&out);
                 rd.write_checkpoint(KEY, 1, &tree(1, 64), None).unwrap();
@@ -234,8 +234,7 @@ fn kill_9_while_checkpointing_leaves_a_valid_pair() {
         return;
     }
     let _g = serial();
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("out");
+    let (_dir, out) = support::out_dir();
     let seed = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
@@ -251,18 +250,14 @@ fn kill_9_while_checkpointing_leaves_a_valid_pair() {
     let mut last = 0u32;
     for round in 0..8 {
         let context = format!("round {round} (seed {seed})");
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args([
-                "kill_9_while_checkpointing_leaves_a_valid_pair",
-                "--exact",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(CHILD, &out)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let mut child = support::this_test_as_child(
+            "kill_9_while_checkpointing_leaves_a_valid_pair",
+            CHILD,
+            &out,
+        )
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
         // Wait for a checkpoint past the last round's, then kill somewhere in the next.
         let t0 = Instant::now();
         loop {
@@ -345,8 +340,7 @@ fn child_checkpoints_forever(out: &Path) {
 
 /// A checkpoint of generation 3 in a fresh temp dir, the directory unlocked.
 fn written() -> (tempfile::TempDir, PathBuf, State) {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("out");
+    let (dir, out) = support::out_dir();
     let mut rd = fresh(&out);
     let st = rd
         .write_checkpoint(KEY, 3, &tree(3, 8), None)
@@ -454,8 +448,7 @@ fn damage_is_named_and_never_blamed_on_a_kill() {
 #[test]
 fn state_of_the_earlier_format_resumes() {
     let _g = serial();
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("out");
+    let (_dir, out) = support::out_dir();
     std::fs::create_dir_all(&out).unwrap();
     shardes::io::write_params(out.join("params.safetensors"), &tree(4, 8)).unwrap();
     let sha: String = {

@@ -3,10 +3,12 @@
 //! destroys a run without force; force recovers from anything) and `metrics.jsonl` (valid
 //! JSON for NaN and infinities, truncation on resume, torn and damaged lines).
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 use shardes::hlo::params::{Array, ParamTree};
 use shardes::rundir::{
@@ -56,11 +58,16 @@ fn snapshot(dir: &Path) -> BTreeMap<String, Vec<u8>> {
 }
 
 /// A finished run of `HASH`: checkpoint at generation 2, two metrics lines.
-fn finished_run(out: &Path) {
-    let mut rd = RunDir::prepare(out, Mode::Fresh { force: false }, HASH)
+/// A fresh run under `out`, committed, with the test hash.
+fn fresh(out: &Path) -> RunDir {
+    RunDir::prepare(out, Mode::Fresh { force: false }, HASH)
         .unwrap()
         .commit()
-        .unwrap();
+        .unwrap()
+}
+
+fn finished_run(out: &Path) {
+    let mut rd = fresh(out);
     rd.write_config("[run]\nseed = 3\n").unwrap();
     let mut m = rd.metrics_writer().unwrap();
     m.append(&metric(0)).unwrap();
@@ -83,12 +90,8 @@ fn refused(out: &Path, mode: Mode, hash: &str) -> RunDirError {
 
 #[test]
 fn two_opens_in_one_process_conflict() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("out");
-    let rd = RunDir::prepare(&out, Mode::Fresh { force: false }, HASH)
-        .unwrap()
-        .commit()
-        .unwrap();
+    let (dir, out) = support::out_dir();
+    let rd = fresh(&out);
     for mode in [Mode::Fresh { force: true }, Mode::Resume] {
         let e = RunDir::prepare(&out, mode, HASH).unwrap_err();
         let RunDirError::Locked { dir: d, holder } = &e else {
@@ -137,21 +140,16 @@ fn a_lock_held_by_another_process_names_it_and_dies_with_it() {
         let _ = std::io::stdin().read_line(&mut String::new());
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("out");
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "a_lock_held_by_another_process_names_it_and_dies_with_it",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD, &out)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let (_dir, out) = support::out_dir();
+    let mut child = support::this_test_as_child(
+        "a_lock_held_by_another_process_names_it_and_dies_with_it",
+        CHILD,
+        &out,
+    )
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .spawn()
+    .unwrap();
     let stdout = child.stdout.take().unwrap();
     let locked = BufReader::new(stdout)
         .lines()
@@ -171,10 +169,7 @@ fn a_lock_held_by_another_process_names_it_and_dies_with_it() {
     child.kill().unwrap();
     child.wait().unwrap();
     assert!(out.join(".lock").exists());
-    let rd = RunDir::prepare(&out, Mode::Fresh { force: false }, HASH)
-        .unwrap()
-        .commit()
-        .unwrap();
+    let rd = fresh(&out);
     drop(rd);
 }
 
@@ -216,8 +211,7 @@ fn an_abandoned_start_changes_nothing() {
 
 #[test]
 fn a_fresh_start_never_destroys_a_run_without_force() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("out");
+    let (_dir, out) = support::out_dir();
     finished_run(&out);
 
     // The same config again: refused, and says how to continue or start over.
@@ -336,14 +330,10 @@ fn files_that_are_not_a_run_are_kept_without_force() {
 
 #[test]
 fn an_unfinished_run_is_kept_and_a_corrupt_state_needs_force() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("out");
+    let (_dir, out) = support::out_dir();
     // A run that ran generations but never checkpointed (checkpoint_every = 0, killed).
     {
-        let rd = RunDir::prepare(&out, Mode::Fresh { force: false }, HASH)
-            .unwrap()
-            .commit()
-            .unwrap();
+        let rd = fresh(&out);
         let mut m = rd.metrics_writer().unwrap();
         for g in 0..3 {
             m.append(&metric(g)).unwrap();
@@ -390,8 +380,7 @@ fn an_unfinished_run_is_kept_and_a_corrupt_state_needs_force() {
 
 #[test]
 fn stale_temporaries_are_removed_on_open() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("out");
+    let (_dir, out) = support::out_dir();
     finished_run(&out);
     let stale = [
         ".state.json.tmp4242",
@@ -499,8 +488,7 @@ fn metrics_stay_valid_json_and_resume_truncates_them() {
 
 #[test]
 fn resume_truncates_the_metrics_to_the_checkpoint() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("out");
+    let (_dir, out) = support::out_dir();
     finished_run(&out);
     // Generations past the checkpoint (2): a run killed after writing them.
     let mut w = MetricsWriter::open(&out.join("metrics.jsonl")).unwrap();

@@ -149,34 +149,41 @@ impl Default for CountdownConfig {
     }
 }
 
+/// A setting's `min_{what}` and `max_{what}`: `lo ≤ min ≤ max ≤ top`; the error names the
+/// setting and its range.
+fn bounds(what: &str, lo: u64, min: u64, max: u64, top: u64) -> Result<(), TaskError> {
+    if min < lo || min > max {
+        return Err(TaskError::Config(format!(
+            "countdown min_{what} = {min} must lie in {lo}..=max_{what} ({max})"
+        )));
+    }
+    if max > top {
+        return Err(TaskError::Config(format!(
+            "countdown max_{what} = {max} must be at most {top}"
+        )));
+    }
+    Ok(())
+}
+
 impl CountdownConfig {
     /// Checks every setting's range; the error names the setting and the range.
     pub fn validate(&self) -> Result<(), TaskError> {
         let bad = |m: String| Err(TaskError::Config(m));
-        if self.min_numbers < 2 || self.min_numbers > self.max_numbers {
-            return bad(format!(
-                "countdown min_numbers = {} must lie in 2..=max_numbers ({})",
-                self.min_numbers, self.max_numbers
-            ));
-        }
-        if self.max_numbers > MAX_NUMBERS {
-            return bad(format!(
-                "countdown max_numbers = {} must be at most {MAX_NUMBERS}",
-                self.max_numbers
-            ));
-        }
-        if self.min_number < 1 || self.min_number > self.max_number {
-            return bad(format!(
-                "countdown min_number = {} must lie in 1..=max_number ({})",
-                self.min_number, self.max_number
-            ));
-        }
-        if self.max_number > MAX_NUMBER {
-            return bad(format!(
-                "countdown max_number = {} must be at most {MAX_NUMBER}",
-                self.max_number
-            ));
-        }
+        // usize is at most 64 bits: the casts are lossless.
+        bounds(
+            "numbers",
+            2,
+            self.min_numbers as u64,
+            self.max_numbers as u64,
+            MAX_NUMBERS as u64,
+        )?;
+        bounds(
+            "number",
+            1,
+            self.min_number.into(),
+            self.max_number.into(),
+            MAX_NUMBER.into(),
+        )?;
         if !(1..=MAX_TARGET).contains(&self.max_target) {
             return bad(format!(
                 "countdown max_target = {} must lie in 1..={MAX_TARGET}",

@@ -33,6 +33,43 @@ pub fn jax_vectors() -> serde_json::Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()))
 }
 
+/// A temporary directory and the path `out` inside it (not created): where a test's run
+/// goes. Keep the directory alive for as long as the path is used.
+pub fn out_dir() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    (dir, out)
+}
+
+/// This test binary running only `test` (one thread, output shown), with `var` set to
+/// `value` so that the test knows it is the child, its stderr discarded; the caller sets
+/// stdin and stdout and spawns it.
+pub fn this_test_as_child(test: &str, var: &str, value: &std::path::Path) -> std::process::Command {
+    let mut c = std::process::Command::new(std::env::current_exe().unwrap());
+    c.args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .env(var, value)
+        .stderr(std::process::Stdio::null());
+    c
+}
+
+/// A JSON array of non-negative integers (shapes in the JAX vectors) as `T`.
+pub fn ints<T: TryFrom<u64>>(v: &serde_json::Value) -> Vec<T> {
+    v.as_array()
+        .expect("array")
+        .iter()
+        .map(|x| T::try_from(x.as_u64().expect("int")).ok().expect("fits"))
+        .collect()
+}
+
+/// A JSON array of u32 words (keys, counters, bits in the JAX vectors).
+pub fn u32s(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .expect("array")
+        .iter()
+        .map(|x| u32::try_from(x.as_u64().expect("u32")).expect("fits u32"))
+        .collect()
+}
+
 /// Max absolute and max relative (to `max|b|`) difference of two slices.
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "length mismatch");
@@ -40,6 +77,11 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         .zip(b)
         .map(|(x, y)| (x - y).abs())
         .fold(0.0, f32::max)
+}
+
+/// `a − b` elementwise: a leaf's update from its values after (`a`) and before (`b`).
+pub fn sub(a: &[f32], b: &[f32]) -> Vec<f32> {
+    a.iter().zip(b).map(|(x, y)| x - y).collect()
 }
 
 /// `‖a − b‖₂ / ‖b‖₂`, computed in f64.

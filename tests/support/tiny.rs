@@ -113,6 +113,24 @@ pub fn mlp_params(seed: u64) -> ParamTree {
     ])
 }
 
+/// The usual MLP setup: an 8-device CPU client, [`mlp_params`]`(1)` and [`mlp_batch`]`(2)`.
+pub fn mlp_on_8_devices() -> (Client, ParamTree, Vec<Array>) {
+    let client = Client::cpu(8).expect("8 CPU devices");
+    (client, mlp_params(1), mlp_batch(2))
+}
+
+/// Every strategy of the grids: the four noise families, each also mirrored.
+pub const STRATEGIES: [&str; 8] = [
+    "lowrank(r=1)",
+    "lowrank(r=2)",
+    "seed_regenerated(chunk=4)",
+    "iid_gaussian",
+    "mirrored(lowrank(r=1))",
+    "mirrored(lowrank(r=2))",
+    "mirrored(seed_regenerated(chunk=4))",
+    "mirrored(iid_gaussian)",
+];
+
 /// A batch `x [3, 13]`, `target [3, 5]` drawn from `seed`.
 pub fn mlp_batch(seed: u64) -> Vec<Array> {
     let k = fold_in(key(seed).expect("small seed"), 99);

@@ -10,7 +10,7 @@
 //!
 //! Weights are stored `(out, in)`: `dense(x, W) = x · Wᵀ`, `embed(E, ids) = E[ids]`.
 
-use crate::builder::{DType, DotDims, HloError, Result, Value};
+use crate::builder::{broadcast_shape, DType, DotDims, HloError, Result, Value};
 
 /// A 2-D weight as the seams see it.
 #[derive(Clone, Debug)]
@@ -86,33 +86,13 @@ fn rounded(like: &Value, x: f64) -> Result<Value> {
 
 /// numpy broadcast of two logical shapes.
 fn broadcast_logical(op: &str, a: &[i64], b: &[i64]) -> Result<Vec<i64>> {
-    let r = a.len().max(b.len());
-    let mut out = vec![0; r];
-    for i in 0..r {
-        let da = if i + a.len() >= r {
-            a[i + a.len() - r]
-        } else {
-            1
-        };
-        let db = if i + b.len() >= r {
-            b[i + b.len() - r]
-        } else {
-            1
-        };
-        out[i] = match (da, db) {
-            (x, y) if x == y => x,
-            (1, y) => y,
-            (x, 1) => x,
-            _ => {
-                return Err(seam_err(
-                    op,
-                    format!("{a:?} and {b:?}"),
-                    "logical shapes are not broadcast-compatible",
-                ))
-            }
-        };
-    }
-    Ok(out)
+    broadcast_shape(a, b).ok_or_else(|| {
+        seam_err(
+            op,
+            format!("{a:?} and {b:?}"),
+            "logical shapes are not broadcast-compatible",
+        )
+    })
 }
 
 impl Act {
@@ -377,15 +357,6 @@ impl Act {
     }
 }
 
-fn dims(lb: &[usize], rb: &[usize], lc: &[usize], rc: &[usize]) -> DotDims {
-    DotDims {
-        lhs_batch: lb.to_vec(),
-        rhs_batch: rb.to_vec(),
-        lhs_contract: lc.to_vec(),
-        rhs_contract: rc.to_vec(),
-    }
-}
-
 /// Flattens the logical leading axes: `[C?, L.., k] -> [C?, T, k]`, returning the logical
 /// leading shape `L`.
 fn flatten_rows(x: &Act) -> Result<(Value, Vec<i64>)> {
@@ -435,39 +406,39 @@ pub fn dense(x: &Act, w: &Weight) -> Result<Act> {
     match (w, x.members) {
         (Weight::Plain(w), c) => {
             let r = xf.rank();
-            let y = xf.dot_general(w, &dims(&[], &[], &[r - 1], &[1]))?;
+            let y = xf.dot_general(w, &DotDims::new(&[], &[], &[r - 1], &[1]))?;
             unflatten(y, c, &lead, m)
         }
         (Weight::Members(w), None) => {
             // [T, k] · [C, m, k] -> [T, C, m] -> [C, T, m]
             let y = xf
-                .dot_general(w, &dims(&[], &[], &[1], &[2]))?
+                .dot_general(w, &DotDims::new(&[], &[], &[1], &[2]))?
                 .transpose(&[1, 0, 2])?;
             unflatten(y, w.shape().first().copied(), &lead, m)
         }
         (Weight::Members(w), Some(c)) => {
-            let y = xf.dot_general(w, &dims(&[0], &[0], &[2], &[2]))?;
+            let y = xf.dot_general(w, &DotDims::new(&[0], &[0], &[2], &[2]))?;
             unflatten(y, Some(c), &lead, m)
         }
         (Weight::LowRank { base, a, b, scale }, None) => {
             let c = scale.shape()[0];
             let t = xf.shape()[0];
             // The base product is shared by the whole chunk: one GEMM.
-            let shared = xf.dot_general(base, &dims(&[], &[], &[1], &[1]))?;
+            let shared = xf.dot_general(base, &DotDims::new(&[], &[], &[1], &[1]))?;
             // [T, k] · [C, r, k] -> [T, C, r]
-            let xb = xf.dot_general(b, &dims(&[], &[], &[1], &[2]))?;
+            let xb = xf.dot_general(b, &DotDims::new(&[], &[], &[1], &[2]))?;
             // [T, C, r] · [C, r, m] (batch C) -> [C, T, m], then the scale, in the spec's
             // order ((x B) Aᵀ) · sσ/√r so fitness rounds as the reference does.
-            let corr = xb.dot_general(a, &dims(&[1], &[0], &[2], &[1]))?;
+            let corr = xb.dot_general(a, &DotDims::new(&[1], &[0], &[2], &[1]))?;
             let corr = corr.mul(&scale.broadcast_in_dim(&[c, t, m], &[0])?)?;
             let y = shared.broadcast_in_dim(&[c, t, m], &[1, 2])?.add(&corr)?;
             unflatten(y, Some(c), &lead, m)
         }
         (Weight::LowRank { base, a, b, scale }, Some(c)) => {
             let t = xf.shape()[1];
-            let base_out = xf.dot_general(base, &dims(&[], &[], &[2], &[1]))?;
-            let xb = xf.dot_general(b, &dims(&[0], &[0], &[2], &[2]))?;
-            let corr = xb.dot_general(a, &dims(&[0], &[0], &[2], &[1]))?;
+            let base_out = xf.dot_general(base, &DotDims::new(&[], &[], &[2], &[1]))?;
+            let xb = xf.dot_general(b, &DotDims::new(&[0], &[0], &[2], &[2]))?;
+            let corr = xb.dot_general(a, &DotDims::new(&[0], &[0], &[2], &[1]))?;
             let corr = corr.mul(&scale.broadcast_in_dim(&[c, t, m], &[0])?)?;
             unflatten(base_out.add(&corr)?, Some(c), &lead, m)
         }
@@ -509,7 +480,7 @@ pub fn embed(table: &Weight, ids: &Act) -> Result<Act> {
             // A[ids]: [C, r, V] -> [V, C, r] -> rows [T, C, r]
             let arows = a.transpose(&[2, 0, 1])?.take_rows(&flat)?;
             let arows = arows.mul(&scale.broadcast_in_dim(&[t, c, r], &[1])?)?;
-            let corr = arows.dot_general(b, &dims(&[1], &[0], &[2], &[1]))?;
+            let corr = arows.dot_general(b, &DotDims::new(&[1], &[0], &[2], &[1]))?;
             let y = shared.broadcast_in_dim(&[c, t, d], &[1, 2])?.add(&corr)?;
             unflatten(y, Some(c), &lead, d)
         }

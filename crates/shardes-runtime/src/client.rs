@@ -147,14 +147,7 @@ impl Client {
         dims: &[usize],
         device: usize,
     ) -> Result<Buffer> {
-        let expected: usize = dims.iter().product();
-        if expected != data.len() {
-            return Err(RuntimeError::HostDataLength {
-                dims: dims.to_vec(),
-                expected,
-                got: data.len(),
-            });
-        }
+        check_host_len(data.len(), dims)?;
         let dev = *self
             .inner
             .devices
@@ -197,14 +190,7 @@ impl Client {
     /// device order. Errors if dim 0 is not a multiple of the device count.
     pub fn scatter_rows<T: Element>(&self, data: &[T], dims: &[usize]) -> Result<Vec<Buffer>> {
         let n = self.device_count();
-        let expected: usize = dims.iter().product();
-        if expected != data.len() {
-            return Err(RuntimeError::HostDataLength {
-                dims: dims.to_vec(),
-                expected,
-                got: data.len(),
-            });
-        }
+        check_host_len(data.len(), dims)?;
         let rows = *dims.first().ok_or_else(|| {
             RuntimeError::InvalidArgument("scatter_rows needs an array of rank >= 1".into())
         })?;
@@ -247,6 +233,19 @@ pub fn gather_rows<T: Element>(buffers: &[Buffer]) -> Result<Vec<T>> {
         out.extend(b.to_host::<T>()?);
     }
     Ok(out)
+}
+
+/// Host data of `len` elements must fill `dims` exactly.
+fn check_host_len(len: usize, dims: &[usize]) -> Result<()> {
+    let expected: usize = dims.iter().product();
+    if expected != len {
+        return Err(RuntimeError::HostDataLength {
+            dims: dims.to_vec(),
+            expected,
+            got: len,
+        });
+    }
+    Ok(())
 }
 
 fn query_platform(inner: &ClientInner) -> Result<String> {

@@ -2,7 +2,7 @@
 
 mod common;
 
-use shardes_runtime::{CompileOptions, ExecuteOptions, RuntimeError};
+use shardes_runtime::{Buffer, Client, CompileOptions, Executable, ExecuteOptions, RuntimeError};
 
 const DONATING: &str = r#"module @donate attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
   func.func public @main(%arg0: tensor<4xf32> {tf.aliasing_output = 0 : i32}) -> tensor<4xf32> {
@@ -12,13 +12,19 @@ const DONATING: &str = r#"module @donate attributes {mhlo.num_partitions = 1 : i
 }
 "#;
 
-#[test]
-fn donated_input_is_unusable_and_the_error_says_so() {
+/// A client, [`DONATING`] compiled on it, and an input `[1, 2, 3, 4]`.
+fn donating() -> (Client, Executable, Buffer) {
     let client = common::client(1);
     let exe = client.compile(DONATING, &CompileOptions::new(1)).unwrap();
     let x = client
         .buffer_from_host(&[1.0f32, 2.0, 3.0, 4.0], &[4], 0)
         .unwrap();
+    (client, exe, x)
+}
+
+#[test]
+fn donated_input_is_unusable_and_the_error_says_so() {
+    let (_client, exe, x) = donating();
     let out = exe.execute(&[vec![&x]]).unwrap();
     assert_eq!(out[0][0].to_host::<f32>().unwrap(), [2.0, 4.0, 6.0, 8.0]);
     assert!(x.is_deleted().unwrap());
@@ -33,11 +39,7 @@ fn donated_input_is_unusable_and_the_error_says_so() {
 
 #[test]
 fn non_donatable_input_stays_usable() {
-    let client = common::client(1);
-    let exe = client.compile(DONATING, &CompileOptions::new(1)).unwrap();
-    let x = client
-        .buffer_from_host(&[1.0f32, 2.0, 3.0, 4.0], &[4], 0)
-        .unwrap();
+    let (_client, exe, x) = donating();
     let opts = ExecuteOptions {
         non_donatable_inputs: vec![0],
     };

@@ -78,10 +78,7 @@ fn too_many_partitions_for_the_client() {
 
 #[test]
 fn wrong_shape_and_dtype_arguments() {
-    let client = common::client(1);
-    let exe = client
-        .compile(&common::sharded_program(1), &CompileOptions::new(1))
-        .unwrap();
+    let (client, exe) = common::compiled(1);
     let small = client
         .buffer_from_host(&[0f32; 4 * 16], &[4, 16], 0)
         .unwrap();
@@ -112,12 +109,8 @@ fn wrong_shape_and_dtype_arguments() {
 
 #[test]
 fn more_argument_lists_than_devices() {
-    let client = common::client(8);
-    let exe = client
-        .compile(&common::sharded_program(8), &CompileOptions::new(8))
-        .unwrap();
-    let x = common::input();
-    let shards = client.scatter_rows(&x, &[256, 16]).unwrap();
+    let (client, exe) = common::compiled(8);
+    let shards = common::input_shards(&client);
     let mut args: Vec<Vec<_>> = shards.iter().map(|b| vec![b]).collect();
     args.push(vec![&shards[0]]);
     let err = exe.execute(&args).unwrap_err();

@@ -2,18 +2,11 @@
 
 mod common;
 
-use shardes_runtime::{Buffer, CompileOptions, Executable};
+use shardes_runtime::{Buffer, Executable};
 
 fn cycle(devices: usize) {
-    let client = common::client(devices);
-    let exe = client
-        .compile(
-            &common::sharded_program(devices),
-            &CompileOptions::new(devices),
-        )
-        .unwrap();
-    let x = common::input();
-    let shards = client.scatter_rows(&x, &[256, 16]).unwrap();
+    let (client, exe) = common::compiled(devices);
+    let shards = common::input_shards(&client);
     let args: Vec<Vec<&Buffer>> = shards.iter().map(|b| vec![b]).collect();
     let outs = exe.execute(&args).unwrap();
     assert_eq!(outs[0][1].dims(), [16]);
@@ -36,12 +29,8 @@ fn drop_in_any_order() {
         [1, 3, 0, 2],
     ];
     for order in orders {
-        let client = common::client(2);
-        let exe = client
-            .compile(&common::sharded_program(2), &CompileOptions::new(2))
-            .unwrap();
-        let x = common::input();
-        let shards = client.scatter_rows(&x, &[256, 16]).unwrap();
+        let (client, exe) = common::compiled(2);
+        let shards = common::input_shards(&client);
         let args: Vec<Vec<&Buffer>> = shards.iter().map(|b| vec![b]).collect();
         let outs = exe.execute(&args).unwrap();
         let mut client = Some(client);

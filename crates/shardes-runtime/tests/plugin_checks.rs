@@ -8,6 +8,13 @@ use std::process::Command;
 use shardes_runtime::plugin::{self, CPU};
 use shardes_runtime::{Client, Plugin, RuntimeError};
 
+/// Loads `path`, which must be refused as not a plugin at all; returns the message.
+fn not_a_plugin_message(path: &Path) -> String {
+    let err = Plugin::load(path).unwrap_err();
+    assert!(matches!(err, RuntimeError::NotAPlugin { .. }), "{err:?}");
+    err.to_string()
+}
+
 /// The provisioned CPU plugin (discovery as everywhere else).
 fn real_plugin() -> PathBuf {
     plugin::locate(None).expect("a PJRT plugin (see shardes_runtime::plugin::locate)")
@@ -54,9 +61,7 @@ fn text_file_is_not_an_elf_shared_object() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("libnotes.so");
     std::fs::write(&p, "just some text, not a library\n".repeat(4000)).unwrap();
-    let err = Plugin::load(&p).unwrap_err();
-    assert!(matches!(err, RuntimeError::NotAPlugin { .. }), "{err:?}");
-    let msg = err.to_string();
+    let msg = not_a_plugin_message(&p);
     assert!(msg.contains("is not an ELF shared object"), "{msg}");
     assert!(msg.contains("libnotes.so"), "{msg}");
 }
@@ -94,9 +99,7 @@ fn shared_library_without_the_entry_point_is_refused_before_loading() {
         eprintln!("skipped: no system shared library found in the usual places");
         return;
     };
-    let err = Plugin::load(lib).unwrap_err();
-    assert!(matches!(err, RuntimeError::NotAPlugin { .. }), "{err:?}");
-    let msg = err.to_string();
+    let msg = not_a_plugin_message(lib);
     assert!(msg.contains("does not export GetPjrtApi"), "{msg}");
     assert!(msg.contains("not a PJRT plugin"), "{msg}");
 }

@@ -87,10 +87,7 @@ fn sharded_program_matches_host_reference_on_1_and_8_devices() {
 
 #[test]
 fn optimized_hlo_is_partitioned_per_device() {
-    let client = common::client(8);
-    let exe = client
-        .compile(&common::sharded_program(8), &CompileOptions::new(8))
-        .unwrap();
+    let (_client, exe) = common::compiled(8);
     let hlo = exe.optimized_hlo().expect("optimized HLO");
     assert!(!hlo.entry.is_empty());
     let all: Vec<String> = hlo.instructions().map(|i| i.to_string()).collect();

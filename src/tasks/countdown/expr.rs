@@ -195,28 +195,30 @@ impl Parser {
     }
 
     fn expr(&mut self, depth: usize) -> Result<Rational, ParseFault> {
-        let mut v = self.term(depth)?;
-        while let Some(op @ (Token::Plus | Token::Minus)) = self.peek() {
-            self.pos += 1;
-            let r = self.term(depth)?;
-            v = if op == Token::Plus {
-                v.add(r)?
-            } else {
-                v.sub(r)?
-            };
-        }
-        Ok(v)
+        self.level(depth, [Token::Plus, Token::Minus], Self::term)
     }
 
     fn term(&mut self, depth: usize) -> Result<Rational, ParseFault> {
-        let mut v = self.operand(depth)?;
-        while let Some(op @ (Token::Star | Token::Slash)) = self.peek() {
+        self.level(depth, [Token::Star, Token::Slash], Self::operand)
+    }
+
+    /// One left-associative precedence level: `next (op next)*` for the two operators `ops`.
+    fn level(
+        &mut self,
+        depth: usize,
+        ops: [Token; 2],
+        next: fn(&mut Self, usize) -> Result<Rational, ParseFault>,
+    ) -> Result<Rational, ParseFault> {
+        let mut v = next(self, depth)?;
+        while let Some(op) = self.peek().filter(|t| ops.contains(t)) {
             self.pos += 1;
-            let r = self.operand(depth)?;
-            v = if op == Token::Star {
-                v.mul(r)?
-            } else {
-                v.div(r)?
+            let r = next(self, depth)?;
+            v = match op {
+                Token::Plus => v.add(r)?,
+                Token::Minus => v.sub(r)?,
+                Token::Star => v.mul(r)?,
+                // Only the four operators pass the filter: this is `/`.
+                _ => v.div(r)?,
             };
         }
         Ok(v)

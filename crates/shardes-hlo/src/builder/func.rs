@@ -140,6 +140,19 @@ pub(crate) struct RegionSpec {
     pub(crate) terminator: &'static str,
 }
 
+impl RegionSpec {
+    /// A generic-form body ending in `stablehlo.return` (reduce, sort, scatter, while);
+    /// `isolated` says whether enclosing values are off limits.
+    pub(crate) const fn body(isolated: bool) -> Self {
+        RegionSpec {
+            isolated,
+            manual: None,
+            header: true,
+            terminator: "stablehlo.return",
+        }
+    }
+}
+
 fn sanitize(hint: &str) -> String {
     let mut s: String = hint
         .chars()

@@ -78,6 +78,7 @@ mod types;
 pub use error::{HloError, Result};
 pub use func::{Callee, Func, Function, Value};
 pub use module::Module;
+pub(crate) use ops::broadcast_shape;
 pub use ops::{Cmp, DotDims};
 pub use sharding::{Mesh, Sharding};
 pub use types::{DType, Element, TensorType};

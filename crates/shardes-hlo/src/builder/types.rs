@@ -189,83 +189,65 @@ fn float_lit(s: String) -> String {
     }
 }
 
-impl Element for f32 {
-    const DTYPE: DType = DType::F32;
-    fn literal(self) -> Option<String> {
-        if !self.is_finite() {
-            return None;
+/// f32 and f64: a decimal literal where it reads back to the same bits (through the type
+/// itself and through f64, as parsers differ), hex bits otherwise; `width` hex digits.
+macro_rules! float_element {
+    ($t:ty, $d:expr, $width:expr) => {
+        impl Element for $t {
+            const DTYPE: DType = $d;
+            fn literal(self) -> Option<String> {
+                if !self.is_finite() {
+                    return None;
+                }
+                let s = float_lit(format!("{self:e}"));
+                let direct = s.parse::<$t>().ok()?;
+                let via64 = s.parse::<f64>().ok()? as $t;
+                (direct.to_bits() == self.to_bits() && via64.to_bits() == self.to_bits())
+                    .then_some(s)
+            }
+            fn hex_bits(self) -> String {
+                format!("0x{:0w$X}", self.to_bits(), w = $width)
+            }
+            fn push_le(self, out: &mut Vec<u8>) {
+                out.extend_from_slice(&self.to_le_bytes());
+            }
+            fn from_f64(x: f64) -> Option<Self> {
+                // Exact for f64 (NaN included); f32 takes only what it holds exactly.
+                let y = x as $t;
+                (y as f64 == x || x.is_nan()).then_some(y)
+            }
         }
-        let s = float_lit(format!("{self:e}"));
-        let direct = s.parse::<f32>().ok()?;
-        let via64 = s.parse::<f64>().ok()? as f32;
-        (direct.to_bits() == self.to_bits() && via64.to_bits() == self.to_bits()).then_some(s)
-    }
-    fn hex_bits(self) -> String {
-        format!("0x{:08X}", self.to_bits())
-    }
-    fn push_le(self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.to_le_bytes());
-    }
-    fn from_f64(x: f64) -> Option<Self> {
-        let y = x as f32;
-        (y as f64 == x || x.is_nan()).then_some(y)
-    }
+    };
 }
 
-impl Element for f64 {
-    const DTYPE: DType = DType::F64;
-    fn literal(self) -> Option<String> {
-        if !self.is_finite() {
-            return None;
+float_element!(f32, DType::F32, 8);
+float_element!(f64, DType::F64, 16);
+
+/// The 16-bit floats: always printed as hex bits, since decimal → bf16/f16 conversion
+/// paths differ between parsers and hex is always exact.
+macro_rules! half_element {
+    ($t:ty, $d:expr) => {
+        impl Element for $t {
+            const DTYPE: DType = $d;
+            fn literal(self) -> Option<String> {
+                None
+            }
+            fn hex_bits(self) -> String {
+                format!("0x{:04X}", self.to_bits())
+            }
+            fn push_le(self, out: &mut Vec<u8>) {
+                out.extend_from_slice(&self.to_bits().to_le_bytes());
+            }
+            fn from_f64(x: f64) -> Option<Self> {
+                let y = <$t>::from_f64(x);
+                (y.to_f64() == x || x.is_nan()).then_some(y)
+            }
         }
-        let s = float_lit(format!("{self:e}"));
-        (s.parse::<f64>().ok()?.to_bits() == self.to_bits()).then_some(s)
-    }
-    fn hex_bits(self) -> String {
-        format!("0x{:016X}", self.to_bits())
-    }
-    fn push_le(self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.to_le_bytes());
-    }
-    fn from_f64(x: f64) -> Option<Self> {
-        Some(x)
-    }
+    };
 }
 
-impl Element for half::bf16 {
-    const DTYPE: DType = DType::BF16;
-    fn literal(self) -> Option<String> {
-        // Decimal → bf16 conversion paths differ between parsers; hex is always exact.
-        None
-    }
-    fn hex_bits(self) -> String {
-        format!("0x{:04X}", self.to_bits())
-    }
-    fn push_le(self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.to_bits().to_le_bytes());
-    }
-    fn from_f64(x: f64) -> Option<Self> {
-        let y = half::bf16::from_f64(x);
-        (y.to_f64() == x || x.is_nan()).then_some(y)
-    }
-}
-
-impl Element for half::f16 {
-    const DTYPE: DType = DType::F16;
-    fn literal(self) -> Option<String> {
-        None
-    }
-    fn hex_bits(self) -> String {
-        format!("0x{:04X}", self.to_bits())
-    }
-    fn push_le(self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.to_bits().to_le_bytes());
-    }
-    fn from_f64(x: f64) -> Option<Self> {
-        let y = half::f16::from_f64(x);
-        (y.to_f64() == x || x.is_nan()).then_some(y)
-    }
-}
+half_element!(half::bf16, DType::BF16);
+half_element!(half::f16, DType::F16);
 
 macro_rules! int_element {
     ($t:ty, $d:expr, $w:expr) => {

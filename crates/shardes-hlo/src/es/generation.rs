@@ -20,15 +20,6 @@ use super::settings::ShardedES;
 use super::spec::How;
 use super::strategy::{LeafInfo, Noise, Strategy};
 
-fn dims(lb: &[usize], rb: &[usize], lc: &[usize], rc: &[usize]) -> DotDims {
-    DotDims {
-        lhs_batch: lb.to_vec(),
-        rhs_batch: rb.to_vec(),
-        lhs_contract: lc.to_vec(),
-        rhs_contract: rc.to_vec(),
-    }
-}
-
 /// Direction ids and signs of a block of member ids (`u32[c]`, aligned to the pairing):
 /// `dirs = ids[::p] / p` (`u32[c/p]`), `signs` f32[c] (+1, or −1 for odd mirrored members).
 fn directions(ids: &Value, p: i64) -> Result<(Value, Value), EsError> {
@@ -146,17 +137,11 @@ impl<'a> Emitter<'a> {
         args: &ProgramArgs<Value>,
         steps: i32,
     ) -> Result<ProgramResults<Value>, EsError> {
-        let ProgramArgs {
-            params,
-            key,
-            generation,
-            batch,
-            ..
-        } = args;
         let out = if steps == 1 {
-            self.one_generation(model, key, params, generation, batch)?
+            let a = args;
+            self.one_generation(model, &a.key, &a.params, &a.generation, &a.batch)?
         } else {
-            self.generation_loop(model, key, params, generation, batch, steps)?
+            self.generation_loop(model, args, steps)?
         };
         self.layout.split_results(out)
     }
@@ -431,12 +416,13 @@ impl<'a> Emitter<'a> {
                     Ok(match noise {
                         Noise::Dense(e) => {
                             let ed: Vec<usize> = vec![0];
-                            k.dot_general(e, &dims(&[], &[], &[0], &ed))?
+                            k.dot_general(e, &DotDims::new(&[], &[], &[0], &ed))?
                         }
                         Noise::Factors { a, b } => {
                             let r = a.shape()[1];
                             let ks = k.mul(&f.scalar(1.0f32 / (r as f32).sqrt())?)?;
-                            scale_rows(a, &ks)?.dot_general(b, &dims(&[], &[], &[0, 1], &[0, 1]))?
+                            scale_rows(a, &ks)?
+                                .dot_general(b, &DotDims::new(&[], &[], &[0, 1], &[0, 1]))?
                         }
                     })
                 })
@@ -638,12 +624,10 @@ impl<'a> Emitter<'a> {
     fn generation_loop(
         &self,
         model: &dyn Model,
-        key: &Value,
-        params: &[Value],
-        generation: &Value,
-        batch: &[Value],
+        args: &ProgramArgs<Value>,
         steps: i32,
     ) -> Result<Vec<Value>, EsError> {
+        let (key, params, batch) = (&args.key, &args.params, &args.batch);
         let f = key.func();
         let fshape = self.layout.fitness_type().shape;
         let fit0 = f
@@ -651,7 +635,7 @@ impl<'a> Emitter<'a> {
             .shard(&Sharding::split(fshape.len(), 0)?)?;
         let nl = params.len();
         let mut init: Vec<&Value> = params.iter().collect();
-        init.push(generation);
+        init.push(&args.generation);
         init.push(&fit0);
         f.fori_loop(0, steps, &init, |_, c| -> Result<Vec<Value>, EsError> {
             self.one_generation(model, key, &c[..nl], &c[nl], batch)

@@ -8,12 +8,12 @@
 //! ([`ShardedES::member_chunk_for`]), and declares its arguments and emits its results
 //! through its [`Layout`].
 
-use crate::builder::{Mesh, Module, Sharding, Value};
+use crate::builder::{Func, Mesh, Module, Sharding, Value};
 use crate::prng::emit::Keys;
 
 use super::error::{invalid, EsError};
 use super::generation::Emitter;
-use super::layout::{check_leaves, Layout, ProgramKind, ProgramResults};
+use super::layout::{check_leaves, Layout, ProgramArgs, ProgramKind, ProgramResults};
 use super::model::Model;
 use super::settings::ShardedES;
 use super::shaping::NoShaping;
@@ -77,13 +77,9 @@ impl ShardedES {
         check_leaves(leaves)?;
         let chunk = self.member_chunk_for(model)?;
         let layout = self.layout_for(ProgramKind::Generation, model, leaves)?;
-        let mut module = Module::with_mesh("generation", Mesh::pop(self.devices as i64)?);
-        let f = module.func("main");
-        let args = layout.declare(&f)?;
-        let results = Emitter::new(self, &layout, chunk).generations(model, &args, steps)?;
-        layout.emit(&f, results)?;
-        module.add(f.finish()?)?;
-        Ok(Program { module, layout })
+        self.build("generation", layout, |_, layout, args| {
+            Emitter::new(self, layout, chunk).generations(model, args, steps)
+        })
     }
 
     /// The split mode's first half: `(params…, key, generation, batch…) → fitness`, nothing
@@ -97,13 +93,9 @@ impl ShardedES {
         check_leaves(leaves)?;
         let chunk = self.member_chunk_for(model)?;
         let layout = self.layout_for(ProgramKind::AskApply, model, leaves)?;
-        let mut module = Module::with_mesh("ask_apply", Mesh::pop(self.devices as i64)?);
-        let f = module.func("main");
-        let args = layout.declare(&f)?;
-        let results = Emitter::new(self, &layout, chunk).ask_apply(model, &args)?;
-        layout.emit(&f, results)?;
-        module.add(f.finish()?)?;
-        Ok(Program { module, layout })
+        self.build("ask_apply", layout, |_, layout, args| {
+            Emitter::new(self, layout, chunk).ask_apply(model, args)
+        })
     }
 
     /// The split mode's second half: `(params…, key, generation, fitness) → (params'…,
@@ -127,13 +119,9 @@ impl ShardedES {
             self.n,
             tasks,
         );
-        let mut module = Module::with_mesh("tell", Mesh::pop(self.devices as i64)?);
-        let f = module.func("main");
-        let args = layout.declare(&f)?;
-        let results = Emitter::new(self, &layout, chunk).tell_host(&args)?;
-        layout.emit(&f, results)?;
-        module.add(f.finish()?)?;
-        Ok(Program { module, layout })
+        self.build("tell", layout, |_, layout, args| {
+            Emitter::new(self, layout, chunk).tell_host(args)
+        })
     }
 
     /// A zero-noise variant for the inference limit: the same member chunking, sharding
@@ -166,28 +154,39 @@ impl ShardedES {
     pub fn noop_program(&self, model: &dyn Model, leaves: &[LeafInfo]) -> Result<Program, EsError> {
         check_leaves(leaves)?;
         let layout = self.layout_for(ProgramKind::Generation, model, leaves)?;
-        let mut module = Module::with_mesh("noop", Mesh::pop(self.devices as i64)?);
-        let f = module.func("main");
-        let args = layout.declare(&f)?;
-        let params = args
-            .params
-            .iter()
-            .zip(&layout.leaves)
-            .map(|(p, l)| Ok(p.add(&f.full(0.0f32, &l.shape)?)?))
-            .collect::<Result<Vec<Value>, EsError>>()?;
-        let generation = args.generation.add(&f.scalar(1u32)?)?;
-        let ty = layout.fitness_type();
-        let fitness = f
-            .full(0.0f32, &ty.shape)?
-            .shard(&Sharding::split(ty.rank(), 0)?)?;
-        layout.emit(
-            &f,
-            ProgramResults {
+        self.build("noop", layout, |f, layout, args| {
+            let params = args
+                .params
+                .iter()
+                .zip(&layout.leaves)
+                .map(|(p, l)| Ok(p.add(&f.full(0.0f32, &l.shape)?)?))
+                .collect::<Result<Vec<Value>, EsError>>()?;
+            let generation = args.generation.add(&f.scalar(1u32)?)?;
+            let ty = layout.fitness_type();
+            let fitness = f
+                .full(0.0f32, &ty.shape)?
+                .shard(&Sharding::split(ty.rank(), 0)?)?;
+            Ok(ProgramResults {
                 params,
                 generation: Some(generation),
                 fitness: Some(fitness),
-            },
-        )?;
+            })
+        })
+    }
+
+    /// Declares `layout`'s arguments in a fresh module `name` over the population mesh,
+    /// emits what `body` computes from them as its results, and closes the module.
+    fn build(
+        &self,
+        name: &str,
+        layout: Layout,
+        body: impl FnOnce(&Func, &Layout, &ProgramArgs<Value>) -> Result<ProgramResults<Value>, EsError>,
+    ) -> Result<Program, EsError> {
+        let mut module = Module::with_mesh(name, Mesh::pop(self.devices as i64)?);
+        let f = module.func("main");
+        let args = layout.declare(&f)?;
+        let results = body(&f, &layout, &args)?;
+        layout.emit(&f, results)?;
         module.add(f.finish()?)?;
         Ok(Program { module, layout })
     }

@@ -1,7 +1,7 @@
 //! Shared helpers for the integration tests (real plugin, no mocks).
 #![allow(dead_code)]
 
-use shardes_runtime::{Client, ClientOptions, Plugin};
+use shardes_runtime::{Buffer, Client, ClientOptions, CompileOptions, Executable, Plugin};
 
 /// A CPU client with `devices` devices on the default plugin (discovery + provisioning).
 pub fn client(devices: usize) -> Client {
@@ -14,6 +14,20 @@ pub fn client(devices: usize) -> Client {
         },
     )
     .expect("client")
+}
+
+/// A client with `devices` devices and [`sharded_program`] compiled for all of them.
+pub fn compiled(devices: usize) -> (Client, Executable) {
+    let client = client(devices);
+    let exe = client
+        .compile(&sharded_program(devices), &CompileOptions::new(devices))
+        .unwrap();
+    (client, exe)
+}
+
+/// [`input`] split by rows over `client`'s devices, one shard each.
+pub fn input_shards(client: &Client) -> Vec<Buffer> {
+    client.scatter_rows(&input(), &[256, 16]).unwrap()
 }
 
 /// The sharded test program for `d` partitions: input `[256,16]` f32 sharded over "pop" by

@@ -1,6 +1,6 @@
 //! Control flow and calls: `while`, counted loops, `func.call`, `optimization_barrier`.
 
-use super::shape_err;
+use super::{check_region_result, shape_err};
 use crate::builder::error::{HloError, Result};
 use crate::builder::func::{Callee, Func, RegionSpec, Value, P};
 use crate::builder::types::{fn_type, join_types, DType, TensorType};
@@ -39,33 +39,11 @@ impl Func {
         for v in init {
             self.check_use("while", v)?;
         }
-        let spec = || RegionSpec {
-            isolated: false,
-            manual: None,
-            header: true,
-            terminator: "stablehlo.return",
-        };
+        let spec = || RegionSpec::body(false);
         let (cb, cr) = self.region("while", spec(), &tys, |c| cond(c).map(|v| vec![v]))?;
-        let pred = TensorType::scalar(DType::I1);
-        if cr.len() != 1 || cr[0].ty != pred {
-            let got: Vec<TensorType> = cr.iter().map(|v| v.ty.clone()).collect();
-            return Err(HloError::RegionResult {
-                op: "while (cond)".into(),
-                got: join_types(&got),
-                expected: pred.to_string(),
-            }
-            .into());
-        }
+        check_region_result("while (cond)", &cr, &[TensorType::scalar(DType::I1)])?;
         let (bb, br) = self.region("while", spec(), &tys, body)?;
-        let got: Vec<TensorType> = br.iter().map(|v| v.ty.clone()).collect();
-        if got != tys {
-            return Err(HloError::RegionResult {
-                op: "while (body)".into(),
-                got: join_types(&got),
-                expected: join_types(&tys),
-            }
-            .into());
-        }
+        check_region_result("while (body)", &br, &tys)?;
         let p = P::new()
             .t("\"stablehlo.while\"(")
             .vs(init)

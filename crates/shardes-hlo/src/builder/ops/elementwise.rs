@@ -6,6 +6,18 @@ use crate::builder::error::Result;
 use crate::builder::func::{Value, P};
 use crate::builder::types::{fn_type, DType};
 
+/// `self.name(rhs)` as [`Value::compare`] with one [`Cmp`] direction each.
+macro_rules! compare_shorthands {
+    ($($(#[$doc:meta])* $name:ident => $dir:ident;)*) => {
+        $(
+            $(#[$doc])*
+            pub fn $name(&self, rhs: &Value) -> Result<Value> {
+                self.compare(rhs, Cmp::$dir)
+            }
+        )*
+    };
+}
+
 macro_rules! unary_ops {
     ($($(#[$doc:meta])* $name:ident => $mlir:literal, $kind:expr;)*) => {
         impl Value {
@@ -209,34 +221,19 @@ impl Value {
         self.func().emit1(op, &[&a, &b], p, out)
     }
 
-    /// `self == rhs`.
-    pub fn eq(&self, rhs: &Value) -> Result<Value> {
-        self.compare(rhs, Cmp::Eq)
-    }
-
-    /// `self != rhs`.
-    pub fn ne(&self, rhs: &Value) -> Result<Value> {
-        self.compare(rhs, Cmp::Ne)
-    }
-
-    /// `self < rhs`.
-    pub fn lt(&self, rhs: &Value) -> Result<Value> {
-        self.compare(rhs, Cmp::Lt)
-    }
-
-    /// `self <= rhs`.
-    pub fn le(&self, rhs: &Value) -> Result<Value> {
-        self.compare(rhs, Cmp::Le)
-    }
-
-    /// `self > rhs`.
-    pub fn gt(&self, rhs: &Value) -> Result<Value> {
-        self.compare(rhs, Cmp::Gt)
-    }
-
-    /// `self >= rhs`.
-    pub fn ge(&self, rhs: &Value) -> Result<Value> {
-        self.compare(rhs, Cmp::Ge)
+    compare_shorthands! {
+        /// `self == rhs`.
+        eq => Eq;
+        /// `self != rhs`.
+        ne => Ne;
+        /// `self < rhs`.
+        lt => Lt;
+        /// `self <= rhs`.
+        le => Le;
+        /// `self > rhs`.
+        gt => Gt;
+        /// `self >= rhs`.
+        ge => Ge;
     }
 
     /// `select`: `self` is the `i1` predicate; picks `on_true` where set. All three broadcast.

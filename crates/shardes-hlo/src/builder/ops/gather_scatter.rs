@@ -81,12 +81,7 @@ impl Value {
         let f = self.func();
         let idx = ids.broadcast_in_dim(&[ids.shape()[0], 1], &[0])?;
         let scal = TensorType::scalar(self.dtype());
-        let spec = RegionSpec {
-            isolated: true,
-            manual: None,
-            header: true,
-            terminator: "stablehlo.return",
-        };
+        let spec = RegionSpec::body(true);
         let (block, _) = f.region(op, spec, &[scal.clone(), scal], |a| -> Result<_> {
             if add {
                 Ok(vec![a[0].add(&a[1])?])

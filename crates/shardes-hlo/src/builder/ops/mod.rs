@@ -17,7 +17,7 @@
 
 use crate::builder::error::{HloError, Result};
 use crate::builder::func::{types_of, Value, P};
-use crate::builder::types::DType;
+use crate::builder::types::{join_types, DType, TensorType};
 
 mod contraction;
 mod control;
@@ -25,6 +25,19 @@ mod elementwise;
 mod gather_scatter;
 mod reduction;
 mod shape;
+
+/// Checks that a region body returned values of exactly the `expected` types.
+pub(super) fn check_region_result(op: &str, ret: &[Value], expected: &[TensorType]) -> Result<()> {
+    let got: Vec<TensorType> = ret.iter().map(|v| v.ty.clone()).collect();
+    if got != expected {
+        return Err(HloError::RegionResult {
+            op: op.into(),
+            got: join_types(&got),
+            expected: join_types(expected),
+        });
+    }
+    Ok(())
+}
 
 pub(super) fn dtype_err(op: &str, vals: &[&Value], reason: impl Into<String>) -> HloError {
     HloError::DTypeMismatch {
@@ -152,7 +165,7 @@ pub(super) fn ulist(xs: &[usize]) -> String {
 }
 
 /// The numpy broadcast of two shapes, or `None` if incompatible.
-pub(super) fn broadcast_shape(a: &[i64], b: &[i64]) -> Option<Vec<i64>> {
+pub(crate) fn broadcast_shape(a: &[i64], b: &[i64]) -> Option<Vec<i64>> {
     let n = a.len().max(b.len());
     let mut out = vec![0; n];
     for i in 0..n {
@@ -218,6 +231,18 @@ pub struct DotDims {
     pub lhs_contract: Vec<usize>,
     /// Contracting dimensions of the right operand (same sizes, same order).
     pub rhs_contract: Vec<usize>,
+}
+
+impl DotDims {
+    /// Dimension numbers from batch (`lb`, `rb`) and contracting (`lc`, `rc`) dimensions.
+    pub fn new(lb: &[usize], rb: &[usize], lc: &[usize], rc: &[usize]) -> DotDims {
+        DotDims {
+            lhs_batch: lb.to_vec(),
+            rhs_batch: rb.to_vec(),
+            lhs_contract: lc.to_vec(),
+            rhs_contract: rc.to_vec(),
+        }
+    }
 }
 
 /// `stablehlo.{mlir} a, b` on two scalars of one type: the body of a reduction or

@@ -1,9 +1,12 @@
 //! Reductions (`reduce` with a body closure, sums, extrema, means, `argmax`) and `sort`.
 
-use super::{attr_err, check_dims, check_kind, combiner, dtype_err, shape_err, ulist, Cmp, Kind};
+use super::{
+    attr_err, check_dims, check_kind, check_region_result, combiner, dtype_err, shape_err, ulist,
+    Cmp, Kind,
+};
 use crate::builder::error::{HloError, Result};
 use crate::builder::func::{Func, RegionSpec, Value, P};
-use crate::builder::types::{fn_type, join_types, DType, TensorType};
+use crate::builder::types::{fn_type, DType, TensorType};
 
 impl Func {
     /// Generic multi-operand `reduce` over `dims`. The body receives the accumulators
@@ -48,22 +51,9 @@ impl Func {
             .map(|v| TensorType::scalar(v.dtype()))
             .collect();
         let arg_types: Vec<TensorType> = scal.iter().chain(&scal).cloned().collect();
-        let spec = RegionSpec {
-            isolated: true,
-            manual: None,
-            header: true,
-            terminator: "stablehlo.return",
-        };
+        let spec = RegionSpec::body(true);
         let (block, ret) = self.region("reduce", spec, &arg_types, body)?;
-        let ret_types: Vec<TensorType> = ret.iter().map(|v| v.ty.clone()).collect();
-        if ret_types != scal {
-            return Err(HloError::RegionResult {
-                op: "reduce".into(),
-                got: join_types(&ret_types),
-                expected: join_types(&scal),
-            }
-            .into());
-        }
+        check_region_result("reduce", &ret, &scal)?;
         let keep: Vec<i64> = (0..first.rank())
             .filter(|d| !dims.contains(d))
             .map(|d| first.shape()[d])
@@ -112,25 +102,11 @@ impl Func {
             .iter()
             .flat_map(|v| [TensorType::scalar(v.dtype()), TensorType::scalar(v.dtype())])
             .collect();
-        let spec = RegionSpec {
-            isolated: true,
-            manual: None,
-            header: true,
-            terminator: "stablehlo.return",
-        };
+        let spec = RegionSpec::body(true);
         let (block, ret) = self.region("sort", spec, &arg_types, |args| {
             comparator(args).map(|v| vec![v])
         })?;
-        let pred = TensorType::scalar(DType::I1);
-        if ret.len() != 1 || ret[0].ty != pred {
-            let got: Vec<TensorType> = ret.iter().map(|v| v.ty.clone()).collect();
-            return Err(HloError::RegionResult {
-                op: "sort".into(),
-                got: join_types(&got),
-                expected: pred.to_string(),
-            }
-            .into());
-        }
+        check_region_result("sort", &ret, &[TensorType::scalar(DType::I1)])?;
         let tys: Vec<TensorType> = operands.iter().map(|v| v.ty.clone()).collect();
         let p = P::new()
             .t("\"stablehlo.sort\"(")

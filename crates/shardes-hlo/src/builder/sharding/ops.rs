@@ -49,12 +49,7 @@ impl Value {
             });
         }
         let scal = TensorType::scalar(self.dtype());
-        let spec = RegionSpec {
-            isolated: true,
-            manual: None,
-            header: true,
-            terminator: "stablehlo.return",
-        };
+        let spec = RegionSpec::body(true);
         let (block, _) = f.region(op, spec, &[scal.clone(), scal], |a| {
             combiner(op, mlir, &a[0], &a[1]).map(|v| vec![v])
         })?;

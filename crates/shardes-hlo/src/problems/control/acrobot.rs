@@ -5,7 +5,7 @@
 use crate::builder::{Result, Value};
 use crate::prng::{uniform, Key, PrngError};
 
-use super::kit::{action, components, stack, Transition, X};
+use super::kit::{action, components, observe_angles, stack, Transition, X};
 
 /// Link masses, kg.
 pub const LINK_MASS: f32 = 1.0;
@@ -91,15 +91,7 @@ pub fn step(state: &Value, a: &Value) -> Result<Transition> {
 
 /// Observation (Gym's): `cos θ₁, sin θ₁, cos θ₂, sin θ₂, θ̇₁, θ̇₂`.
 pub fn observe(state: &Value) -> Result<Value> {
-    let s = components(state, STATE_DIM)?;
-    stack(vec![
-        s[0].cos(),
-        s[0].sin(),
-        s[1].cos(),
-        s[1].sin(),
-        s[2].clone(),
-        s[3].clone(),
-    ])
+    observe_angles(state, STATE_DIM, &[0, 1])
 }
 
 /// Reset (Gym's): every state variable uniform in `[−0.1, 0.1)`.

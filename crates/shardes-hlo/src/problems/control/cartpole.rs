@@ -6,7 +6,7 @@
 use crate::builder::{Result, Value};
 use crate::prng::{normal, uniform, Key, PrngError};
 
-use super::kit::{action, components, stack, Transition, X};
+use super::kit::{action, components, observe_angles, stack, Transition, X};
 
 /// Gravity, m/s².
 pub const GRAVITY: f32 = 9.8;
@@ -105,14 +105,7 @@ pub fn balance_observe(state: &Value) -> Result<Value> {
 
 /// Swing-up observation (dm_control's): `x, ẋ, cos θ, sin θ, θ̇`.
 pub fn swingup_observe(state: &Value) -> Result<Value> {
-    let s = components(state, STATE_DIM)?;
-    stack(vec![
-        s[0].clone(),
-        s[1].clone(),
-        s[2].cos(),
-        s[2].sin(),
-        s[3].clone(),
-    ])
+    observe_angles(state, STATE_DIM, &[2])
 }
 
 /// Balance reset (Gym's): every state variable uniform in `[-0.05, 0.05)`.

@@ -29,6 +29,18 @@ impl From<&Value> for X {
     }
 }
 
+/// Methods `x.name(y)` that combine an expression with a literal `y` through a [`Value`] op.
+macro_rules! literal_ops {
+    ($($(#[$doc:meta])* $name:ident => $op:path;)*) => {
+        $(
+            $(#[$doc])*
+            pub fn $name(&self, y: f32) -> X {
+                self.zip(&self.lit(y), $op)
+            }
+        )*
+    };
+}
+
 impl X {
     /// The value, or the first error met while building it.
     pub fn get(self) -> Result<Value> {
@@ -89,34 +101,19 @@ impl X {
         })
     }
 
-    /// `max(x, y)`.
-    pub fn max(&self, y: f32) -> X {
-        self.zip(&self.lit(y), Value::max)
-    }
-
-    /// `x > y` (`i1`).
-    pub fn gt(&self, y: f32) -> X {
-        self.zip(&self.lit(y), Value::gt)
-    }
-
-    /// `x < y` (`i1`).
-    pub fn lt(&self, y: f32) -> X {
-        self.zip(&self.lit(y), Value::lt)
-    }
-
-    /// `x >= y` (`i1`).
-    pub fn ge(&self, y: f32) -> X {
-        self.zip(&self.lit(y), Value::ge)
-    }
-
-    /// `x <= y` (`i1`).
-    pub fn le(&self, y: f32) -> X {
-        self.zip(&self.lit(y), Value::le)
-    }
-
-    /// `x == y` (`i1`).
-    pub fn eq(&self, y: f32) -> X {
-        self.zip(&self.lit(y), Value::eq)
+    literal_ops! {
+        /// `max(x, y)`.
+        max => Value::max;
+        /// `x > y` (`i1`).
+        gt => Value::gt;
+        /// `x < y` (`i1`).
+        lt => Value::lt;
+        /// `x >= y` (`i1`).
+        ge => Value::ge;
+        /// `x <= y` (`i1`).
+        le => Value::le;
+        /// `x == y` (`i1`).
+        eq => Value::eq;
     }
 
     /// Logical or of two `i1` expressions.
@@ -292,6 +289,22 @@ pub fn stack(parts: Vec<X>) -> Result<Value> {
         .collect::<Result<_>>()?;
     let refs: Vec<&Value> = cols.iter().collect();
     first.func().concatenate(&refs, shape.len() - 1)
+}
+
+/// The observation of a state `[.., dim]` whose components at `angles` are angles: each
+/// angle as `cos, sin` (continuous across the wrap), every other component as it is, in
+/// order.
+pub fn observe_angles(state: &Value, dim: usize, angles: &[usize]) -> Result<Value> {
+    let mut out = Vec::with_capacity(dim + angles.len());
+    for (i, x) in components(state, dim)?.into_iter().enumerate() {
+        if angles.contains(&i) {
+            out.push(x.cos());
+            out.push(x.sin());
+        } else {
+            out.push(x);
+        }
+    }
+    stack(out)
 }
 
 /// The single action of `action [.., 1]` as a component `[..]`, clipped to `[-1, 1]`.

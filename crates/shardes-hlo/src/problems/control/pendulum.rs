@@ -4,7 +4,7 @@
 use crate::builder::{Result, Value};
 use crate::prng::{fold_in, uniform, Key, PrngError};
 
-use super::kit::{action, components, stack, Transition};
+use super::kit::{action, components, observe_angles, stack, Transition};
 
 /// Gravity, m/s² (Gym's default `g`).
 pub const GRAVITY: f32 = 10.0;
@@ -42,8 +42,7 @@ pub fn step(state: &Value, a: &Value) -> Result<Transition> {
 
 /// Observation (Gym's): `cos θ, sin θ, θ̇`.
 pub fn observe(state: &Value) -> Result<Value> {
-    let s = components(state, STATE_DIM)?;
-    stack(vec![s[0].cos(), s[0].sin(), s[1].clone()])
+    observe_angles(state, STATE_DIM, &[0])
 }
 
 /// Reset (Gym's): `θ` uniform in `[−π, π)` from `fold_in(key, 0)`, `θ̇` uniform in
