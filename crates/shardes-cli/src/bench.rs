@@ -15,8 +15,9 @@ use shardes::runtime::Client;
 use shardes::Problem;
 
 use crate::config::{transformer_block, Config, ConfigError, ProblemConfig};
-use crate::inspect::{at_least_one, check_writable, problem_error};
+use crate::inspect::{at_least_one, check_writable};
 use crate::setup;
+use crate::setup::problem_error;
 
 /// Arguments of `shardes bench`.
 #[derive(Debug, Clone, clap::Args)]

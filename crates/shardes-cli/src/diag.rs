@@ -20,9 +20,10 @@ use shardes::problem::qwen2::{qwen2_model, qwen2_shapes_at_depth};
 use shardes::runtime::{Client, CompileOptions};
 
 use crate::config::{Config, ConfigError, ProblemConfig};
-use crate::inspect::{at_least_one, check_writable, count_in, problem_error, problem_shapes};
+use crate::inspect::{at_least_one, check_writable, count_in, problem_shapes};
 use crate::out::{outln, Stdout};
 use crate::setup;
+use crate::setup::problem_error;
 
 /// Arguments of `shardes diag`.
 #[derive(Debug, Clone, clap::Args)]

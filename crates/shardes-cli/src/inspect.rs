@@ -10,9 +10,8 @@ use anyhow::{Context, Result};
 use shardes::hlo::es::{check_model, ShardedES};
 use shardes::problem::ProblemShapes;
 use shardes::runtime::CompileOptions;
-use shardes::{Problem, ProblemError};
 
-use crate::config::{transformer_block, Config, ConfigError, ProblemConfig};
+use crate::config::{Config, ConfigError};
 use crate::out::{outln, Stdout};
 use crate::setup;
 
@@ -58,22 +57,7 @@ pub struct CheckArgs {
 /// The ES and the problem of `config` by shape alone: what `hlo`, `check` and `diag` need,
 /// with no parameter allocated (a config far too large to run still prints its program).
 pub fn problem_shapes(config: &Config) -> Result<(ShardedES, ProblemShapes)> {
-    let seed = config.run.seed;
-    let shapes = match &config.problem {
-        ProblemConfig::TransformerBlock {
-            d_model,
-            batch,
-            seq,
-        } => Problem::transformer_block_shapes(transformer_block(*d_model, *batch, *seq), seed),
-        ProblemConfig::Qwen2 { .. } => {
-            Problem::qwen2_shapes(&setup::qwen2_source(&config.problem)?, seed)
-        }
-        ProblemConfig::Control { .. } => Problem::control_shapes(
-            crate::config::control(&config.problem, config.es.shaping)?,
-            seed,
-        ),
-    }
-    .map_err(problem_error)?;
+    let shapes = setup::Described::of(config)?.shapes(config.run.seed)?;
     let es = setup::es_for(config, &*shapes.model)?;
     Ok((es, shapes))
 }
@@ -128,23 +112,6 @@ pub fn check_writable(flag: &str, path: &std::path::Path) -> Result<()> {
             ),
         )
         .into()),
-    }
-}
-
-/// A problem error as [`setup::config_error`] words it, and a memory error as the config
-/// error naming the settings to lower (exit 2: the user's config is too large).
-pub fn problem_error(e: ProblemError) -> anyhow::Error {
-    match e {
-        ProblemError::Memory(m) => ConfigError::new(
-            format!("problem: {m}"),
-            format!(
-                "lower {} in [problem] to fit the {} available",
-                m.lower,
-                shardes::problem::memory::human(m.available)
-            ),
-        )
-        .into(),
-        other => setup::config_error(other),
     }
 }
 

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use shardes::hlo::builder::DType;
 use shardes::hlo::es::{Model, ShardedES};
+use shardes::problem::ProblemShapes;
 use shardes::problem::Setting;
 use shardes::runtime::plugin::{CPU, NAMED};
 use shardes::runtime::{Client, ClientOptions, Plugin, RuntimeError};
@@ -37,23 +38,59 @@ pub fn es(config: &Config) -> anyhow::Result<ShardedES> {
     Ok(config.es.build(config.devices).map_err(es_error)?)
 }
 
+/// The library's description of a config's `[problem]`: what [`Problem`] is built from, in
+/// full ([`Described::problem`]) or by shape ([`Described::shapes`]).
+pub enum Described {
+    /// `transformer_block`.
+    TransformerBlock(shardes::hlo::problems::transformer_block::TransformerBlock),
+    /// `qwen2`.
+    Qwen2(Qwen2Source),
+    /// `control`.
+    Control(shardes::hlo::problems::control::Control),
+}
+
+impl Described {
+    /// The description of `config`'s problem (config errors name the key).
+    pub fn of(config: &Config) -> anyhow::Result<Described> {
+        Ok(match &config.problem {
+            ProblemConfig::TransformerBlock {
+                d_model,
+                batch,
+                seq,
+            } => Described::TransformerBlock(transformer_block(*d_model, *batch, *seq)),
+            ProblemConfig::Qwen2 { .. } => Described::Qwen2(qwen2_source(&config.problem)?),
+            ProblemConfig::Control { .. } => {
+                Described::Control(control(&config.problem, config.es.shaping)?)
+            }
+        })
+    }
+
+    /// The problem with its parameters and batch, `key = key(seed)`.
+    pub fn problem(self, seed: u64) -> anyhow::Result<Problem> {
+        match self {
+            Described::TransformerBlock(tb) => Problem::transformer_block(tb, seed),
+            Described::Qwen2(q) => Problem::qwen2(&q, seed),
+            Described::Control(c) => Problem::control(c, seed),
+        }
+        .map_err(problem_error)
+    }
+
+    /// The problem by shape alone (nothing allocated).
+    pub fn shapes(self, seed: u64) -> anyhow::Result<ProblemShapes> {
+        match self {
+            Described::TransformerBlock(tb) => Problem::transformer_block_shapes(tb, seed),
+            Described::Qwen2(q) => Problem::qwen2_shapes(&q, seed),
+            Described::Control(c) => Problem::control_shapes(c, seed),
+        }
+        .map_err(problem_error)
+    }
+}
+
 /// The ES and the problem of `config` (no client, no I/O besides reading the problem's
 /// files).
 pub fn problem(config: &Config) -> anyhow::Result<(ShardedES, Problem)> {
     let es = es(config)?;
-    let seed = config.run.seed;
-    let problem = match &config.problem {
-        ProblemConfig::TransformerBlock {
-            d_model,
-            batch,
-            seq,
-        } => Problem::transformer_block(transformer_block(*d_model, *batch, *seq), seed),
-        ProblemConfig::Qwen2 { .. } => Problem::qwen2(&qwen2_source(&config.problem)?, seed),
-        ProblemConfig::Control { .. } => {
-            Problem::control(control(&config.problem, config.es.shaping)?, seed)
-        }
-    }
-    .map_err(config_error)?;
+    let problem = Described::of(config)?.problem(config.run.seed)?;
     // The programs would derive it from the model too; set here, the ES's own reports
     // (member chunk, kept noise) agree with them.
     let es = es.with_member_bytes(problem.model.member_bytes());
@@ -229,4 +266,21 @@ pub fn build(config: &Config) -> anyhow::Result<Setup> {
         problem,
         client,
     })
+}
+
+/// A problem error as [`config_error`] words it, and a memory error as the config
+/// error naming the settings to lower (exit 2: the user's config is too large).
+pub fn problem_error(e: ProblemError) -> anyhow::Error {
+    match e {
+        ProblemError::Memory(m) => ConfigError::new(
+            format!("problem: {m}"),
+            format!(
+                "lower {} in [problem] to fit the {} available",
+                m.lower,
+                shardes::problem::memory::human(m.available)
+            ),
+        )
+        .into(),
+        other => config_error(other),
+    }
 }

@@ -8,7 +8,6 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::{Duration, Instant};
 
 use common::*;
 
@@ -124,17 +123,9 @@ fn curves_appear_at_the_first_checkpoint_of_a_running_run() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let t0 = Instant::now();
-    while !(out.join("curves.svg").exists() && out.join("tb").exists()) {
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!("shardes exited early: {status}");
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(300),
-            "no curves in 300 s"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until(&mut child, "curves", || {
+        out.join("curves.svg").exists() && out.join("tb").exists()
+    });
     assert!(
         child.try_wait().unwrap().is_none(),
         "the run is still going"

@@ -106,12 +106,7 @@ fn missing_plugin_path() {
 fn out_dir_of_another_config_is_refused() {
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("out");
-    std::fs::create_dir_all(&out).unwrap();
-    std::fs::write(
-        out.join("state.json"),
-        r#"{"key":[0,0],"generation":2,"config_hash":"0123456789abcdef","params_sha256":""}"#,
-    )
-    .unwrap();
+    foreign_state(&out, 2);
     let c = with(d.path(), "lr = 0.01", "lr = 0.01");
     refused(
         &["run", &c],

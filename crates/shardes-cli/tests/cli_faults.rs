@@ -9,7 +9,6 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
 
 use common::*;
 
@@ -70,27 +69,6 @@ fn spawn_run(cfg: &Path, extra: &[&str]) -> Child {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap()
-}
-
-/// Waits until `out/metrics.jsonl` holds `n` lines.
-fn wait_for_metrics(out: &Path, n: usize, child: &mut Child) {
-    let t0 = Instant::now();
-    loop {
-        let lines = std::fs::read_to_string(out.join("metrics.jsonl"))
-            .map(|t| t.lines().count())
-            .unwrap_or(0);
-        if lines >= n {
-            return;
-        }
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!("shardes exited early: {status}");
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(300),
-            "no progress in 300 s"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 fn signal(child: &Child, sig: i32) {

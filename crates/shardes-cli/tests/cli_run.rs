@@ -2,8 +2,6 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
-
 use common::*;
 use shardes::hlo::params::ParamTree;
 
@@ -25,12 +23,7 @@ fn quickstart_config_runs_and_loss_falls() {
         );
     let cfg = write(dir.path(), "quickstart.toml", &cfg_text);
     let o = shardes(&["run", cfg.to_str().unwrap()]);
-    let (stdout, stderr) = text(&o);
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "stdout:\n{stdout}\nstderr:\n{stderr}"
-    );
+    let (stdout, _) = exited(&o, 0);
     // Not a terminal: one plain line per generation.
     assert!(stdout.contains("gen 4/4 fitness mean"), "{stdout}");
 
@@ -171,12 +164,7 @@ fn resume_yields_the_uninterrupted_trajectory() {
 fn ctrl_c_checkpoints_and_exits_130() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("int");
-    std::fs::create_dir_all(&out).unwrap();
-    std::fs::write(
-        out.join("state.json"),
-        r#"{"key":[0,0],"generation":7,"config_hash":"0123456789abcdef","params_sha256":""}"#,
-    )
-    .unwrap();
+    foreign_state(&out, 7);
     let cfg = write(dir.path(), "int.toml", &small_config(&out, 1_000_000, 0));
     let mut child = bin()
         .args(["run", cfg.to_str().unwrap(), "--force"])
@@ -184,33 +172,12 @@ fn ctrl_c_checkpoints_and_exits_130() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let t0 = Instant::now();
-    loop {
-        let lines = std::fs::read_to_string(out.join("metrics.jsonl"))
-            .map(|t| t.lines().count())
-            .unwrap_or(0);
-        if lines >= 3 {
-            break;
-        }
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!("shardes exited early: {status}");
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(300),
-            "no progress in 300 s"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_metrics(&out, 3, &mut child);
     let pid = i32::try_from(child.id()).unwrap();
     // SAFETY: sending a signal to our own child process.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
     let o = child.wait_with_output().unwrap();
-    let (stdout, stderr) = text(&o);
-    assert_eq!(
-        o.status.code(),
-        Some(130),
-        "stdout:\n{stdout}\nstderr:\n{stderr}"
-    );
+    let (stdout, _) = exited(&o, 130);
     assert!(
         stdout.contains("interrupted: checkpoint at generation"),
         "{stdout}"

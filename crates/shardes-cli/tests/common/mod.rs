@@ -112,3 +112,54 @@ pub fn refused(args: &[&str], what: &str, hint: &str) {
         .unwrap_or_else(|| panic!("no hint line in {stderr}"));
     assert!(h.contains(hint), "{h:?} does not say {hint:?}");
 }
+
+/// Polls `done` every 20 ms while `child` runs, failing if the child exits first or 300 s
+/// pass without it (`what` names the awaited state in the message).
+pub fn wait_until(child: &mut std::process::Child, what: &str, mut done: impl FnMut() -> bool) {
+    let t0 = std::time::Instant::now();
+    while !done() {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("shardes exited early: {status}");
+        }
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(300),
+            "no {what} in 300 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Waits until `out/metrics.jsonl` holds `n` lines while `child` runs.
+pub fn wait_for_metrics(out: &Path, n: usize, child: &mut std::process::Child) {
+    wait_until(child, "progress", || {
+        std::fs::read_to_string(out.join("metrics.jsonl"))
+            .map(|t| t.lines().count())
+            .unwrap_or(0)
+            >= n
+    });
+}
+
+/// The output's text after checking that it exited with `code` (the message shows both
+/// streams).
+pub fn exited(o: &Output, code: i32) -> (String, String) {
+    let (stdout, stderr) = text(o);
+    assert_eq!(
+        o.status.code(),
+        Some(code),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    (stdout, stderr)
+}
+
+/// Creates `out` holding a `state.json` of another config (hash `0123456789abcdef`) at
+/// `generation`, with no parameter file.
+pub fn foreign_state(out: &Path, generation: u32) {
+    std::fs::create_dir_all(out).unwrap();
+    std::fs::write(
+        out.join("state.json"),
+        format!(
+            r#"{{"key":[0,0],"generation":{generation},"config_hash":"0123456789abcdef","params_sha256":""}}"#
+        ),
+    )
+    .unwrap();
+}
