@@ -54,18 +54,28 @@ pub struct BenchArgs {
 }
 
 fn parse_how(s: &str) -> Result<Vec<How>> {
-    Ok(match s.to_ascii_uppercase().as_str() {
-        "A" => vec![How::A],
-        "B" => vec![How::B],
-        "AB" | "BA" => vec![How::A, How::B],
-        other => bail!(
+    // Each letter through `How`'s own parser: "A", "B", or both side by side ("AB", "BA").
+    let mut hows: Vec<How> = Vec::new();
+    for c in s.chars() {
+        match c.to_string().parse::<How>() {
+            Ok(h) if !hows.contains(&h) => hows.push(h),
+            _ => hows.clear(),
+        }
+        if hows.is_empty() {
+            break;
+        }
+    }
+    if hows.is_empty() || hows.len() != s.chars().count() {
+        bail!(
             "--how {}: use A, B or AB (both side by side)",
-            shardes::hlo::es::spec::excerpt(other)
-        ),
-    })
+            shardes::hlo::es::spec::excerpt(s)
+        );
+    }
+    hows.sort_by_key(|h| h.to_string());
+    Ok(hows)
 }
 
-/// `--how` as clap checks it, so a wrong placement is a usage error (exit 2) at once.
+/// The `--how` flag checked by clap (exit 2), the same parser as [`parse_how`].
 fn parse_how_flag(s: &str) -> std::result::Result<String, String> {
     parse_how(s).map(|_| s.to_string()).map_err(|_| {
         format!(

@@ -170,3 +170,14 @@ fn plugin_paths_that_are_not_plugins_are_named() {
         "check the path",
     );
 }
+
+#[test]
+fn floats_beyond_f32_are_named_as_written() {
+    let d = tempfile::tempdir().unwrap();
+    let c = with(d.path(), "sigma = 0.01", "sigma = 1e39");
+    refused(
+        &["run", &c],
+        "es.sigma = 1e39 is beyond the float32 range",
+        "set es.sigma",
+    );
+}

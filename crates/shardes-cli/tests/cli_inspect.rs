@@ -266,3 +266,22 @@ fn named_cuda_plugin_is_found_in_the_python_environment_or_explained() {
     assert!(stderr.contains("jax-cuda12-pjrt==0.12.0.1"), "{stderr}");
     assert!(stderr.contains("NVIDIA driver"), "{stderr}");
 }
+
+/// `devices --json` and `check --json` print one JSON object each, for scripts.
+#[test]
+fn devices_and_check_print_json_when_asked() {
+    let o = shardes(&["devices", "--devices", "2", "--json"]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["device_count"], 2);
+    assert_eq!(v["devices"].as_array().unwrap().len(), 2);
+    assert_eq!(v["platform"], "cpu");
+    assert!(v["plugin"].as_str().unwrap().ends_with(".so"));
+    let quick = repo().join("examples/quickstart.toml");
+    let o = shardes(&["check", quick.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["problem"], "transformer_block");
+    assert_eq!(v["leaves"], 6);
+    assert_eq!(v["findings"].as_array().unwrap().len(), 0);
+}
