@@ -184,6 +184,17 @@ pub enum HfError {
     Param(#[from] ParamError),
 }
 
+/// The `config.json` fields that are sizes (whole numbers).
+const SIZE_FIELDS: [&str; 7] = [
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "max_position_embeddings",
+];
+
 #[derive(Deserialize)]
 struct RawConfig {
     model_type: Option<String>,
@@ -234,11 +245,30 @@ pub fn parse_config(text: &str, path: &Path) -> Result<Qwen2Config, HfError> {
 /// validated ([`Qwen2Config::validate`]: sizes, head divisibility, a positive finite
 /// `rms_norm_eps` and `rope_theta`).
 pub fn parse_hf_config(text: &str, path: &Path) -> Result<HfConfig, HfError> {
-    let raw: RawConfig = serde_json::from_str(text).map_err(|cause| HfError::Json {
+    let json_error = |cause| HfError::Json {
         path: path.to_path_buf(),
         what: "config.json",
         cause,
-    })?;
+    };
+    let value: serde_json::Value = serde_json::from_str(text).map_err(json_error)?;
+    // serde's own error for a negative or fractional size names the column, not the key.
+    for field in SIZE_FIELDS {
+        match value.get(field) {
+            Some(v) if !v.is_null() && v.as_u64().is_none() => {
+                return Err(HfError::Config {
+                    path: path.to_path_buf(),
+                    error: ProblemError::BadSetting {
+                        what: field,
+                        value: shardes_hlo::es::spec::excerpt(&v.to_string()),
+                        fix: "a size is a whole number of at least 1",
+                    },
+                });
+            }
+            _ => {}
+        }
+    }
+    // From the text again, not the value: a key given twice stays an error.
+    let raw: RawConfig = serde_json::from_str(text).map_err(json_error)?;
     if let Some(t) = raw.model_type.as_deref() {
         if t != "qwen2" {
             return Err(HfError::ModelType {

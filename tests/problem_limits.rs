@@ -103,6 +103,17 @@ fn config_values_that_make_the_forward_nan_are_refused() {
         );
         assert!(parse_hf_config(&text, p).is_err(), "{field} = {value}");
     }
+    for (field, value) in [("hidden_size", "-32"), ("num_hidden_layers", "1.5")] {
+        let text = format!("{{{CONFIG}}}").replace(
+            &format!("\"{field}\":"),
+            &format!("\"{field}\":{value}, \"ignored_{field}\":"),
+        );
+        let msg = parse_hf_config(&text, p).expect_err(field).to_string();
+        assert!(
+            msg.contains(&format!("{field} = {value} is invalid")),
+            "{msg}"
+        );
+    }
     let ok = parse_hf_config(&format!("{{{CONFIG},\"max_position_embeddings\":32}}"), p)
         .expect("a valid config");
     assert_eq!(ok.max_position_embeddings, Some(32));
