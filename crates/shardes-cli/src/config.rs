@@ -473,7 +473,13 @@ fn check_es_table(es: &toml::Table) -> Result<(), ConfigError> {
                 Some(n) => format!("did you mean \"{n}\"? valid: {valid}"),
                 None => format!("valid shapings: {valid}"),
             };
-            return Err(ConfigError::new(format!("es.{}", e.message()), hint));
+            return Err(ConfigError::new(
+                format!(
+                    "es.shaping: unknown shaping \"{}\"",
+                    shardes::hlo::es::spec::excerpt(s)
+                ),
+                hint,
+            ));
         }
     }
     if let Some(toml::Value::String(s)) = es.get("how") {

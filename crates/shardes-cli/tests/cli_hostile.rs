@@ -116,9 +116,8 @@ fn a_config_too_large_to_run_prints_and_checks_its_program_from_shapes() {
     // Running it needs the parameters: refused with both figures, before out/ exists.
     let o = shardes(&["run", &c]);
     let (_, stderr) = text(&o);
-    // The lead maps ProblemError::Memory to a config error (exit 2) in setup.rs; until
-    // then it is a failure (exit 1). Never the allocator's abort (134).
-    assert!(matches!(o.status.code(), Some(1 | 2)), "{stderr}");
+    // A config error (exit 2), never the allocator's abort (134).
+    assert_eq!(o.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("needs 280.0 GB"), "{stderr}");
     assert!(stderr.contains("is available"), "{stderr}");
     assert!(stderr.contains("lower d_model"), "{stderr}");
