@@ -20,6 +20,8 @@ pub use shardes_runtime as runtime;
 pub mod bench;
 pub mod dtype;
 #[cfg(feature = "models")]
+pub mod finetune;
+#[cfg(feature = "models")]
 pub mod hf;
 pub mod io;
 pub mod problem;

@@ -113,6 +113,9 @@ pub enum PromptStyle {
     /// User: {instruction}\nAssistant: Let me solve this step by step.\n<think>` (the
     /// model continues the thinking it was started on).
     Base,
+    /// One short line, `numbers 3 5 7 target 15 answer`, for tiny models with few
+    /// positions (smoke tests, examples); the completion is graded the same way.
+    Compact,
 }
 
 /// Countdown settings.
@@ -263,6 +266,10 @@ pub fn prompt(numbers: &[u32], target: i64, style: PromptStyle) -> String {
              the mind and then provides the user with the answer.\nUser: {ask}\nAssistant: \
              Let me solve this step by step.\n<think>"
         ),
+        PromptStyle::Compact => {
+            let list: Vec<String> = numbers.iter().map(u32::to_string).collect();
+            format!("numbers {} target {target} answer", list.join(" "))
+        }
     }
 }
 

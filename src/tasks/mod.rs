@@ -35,6 +35,7 @@ pub mod chat;
 pub mod countdown;
 mod draw;
 pub mod jsonl;
+pub mod target_token;
 
 /// Errors of tasks, task files, chat templates and batch scoring.
 #[derive(Debug, Error)]

@@ -1,0 +1,467 @@
+//! Fine-tuning a language model on a reward computed from what each member generates.
+//!
+//! One generation of a [`RewardLoop`]:
+//! 1. the task picks this generation's prompts, a function of the run seed and the
+//!    generation (so a resumed run sees the same prompts);
+//! 2. the prompts are rendered (chat template) and tokenized on the host; only their ids
+//!    go to the devices;
+//! 3. the [`Sampler`] decodes every member on every prompt under that member's
+//!    perturbation (one program; the parameters never leave the devices) and returns the
+//!    generated ids;
+//! 4. the completions are detokenized and scored on host threads; a reward that panics or
+//!    returns NaN is contained (that completion ranks worst, the count is reported);
+//! 5. the rewards, negated into a loss, go to `tell`: as `[n]` (each member's mean over
+//!    the prompts) or, for `group_relative`, as `[n, prompts]` (one group per prompt).
+//!
+//! [`RewardLoop::evaluate`] decodes the unperturbed parameters greedily on held-out prompts
+//! and reports mean reward, accuracy (reward = 1), format rate (reward > 0), mean length
+//! and the distance of the parameters from where the run started ([`EvalRecord`]).
+
+mod evals;
+mod task;
+mod text;
+
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::hlo::params::ParamTree;
+use crate::Error;
+
+pub use evals::{read_evals, truncate_evals, EvalWriter};
+pub use task::{join_ids, Completion, Prompt, PromptBatch, RewardTask, TextTask};
+pub use text::TextCodec;
+
+/// A population decoder with an ES update: what the reward loop drives.
+///
+/// [`crate::decode::PopulationDecoder`] is the implementation; the trait keeps the loop
+/// independent of how (and on how many processes) the population is decoded.
+pub trait Sampler {
+    /// Population size `n`.
+    fn population(&self) -> usize;
+    /// The generation the next [`Sampler::decode`] and [`Sampler::tell`] belong to.
+    fn generation(&self) -> u32;
+    /// Every member's completion of every prompt, `[n][prompts]`, each cut at its length
+    /// (EOS and padding removed), under the current generation's perturbations.
+    fn decode(&mut self, prompts: &[Vec<u32>]) -> Result<Vec<Vec<Vec<u32>>>, Error>;
+    /// Greedy completions of the unperturbed parameters, one per prompt.
+    fn decode_plain(&mut self, prompts: &[Vec<u32>]) -> Result<Vec<Vec<u32>>, Error>;
+    /// The update from a host fitness (lower is better), `[n]` or `[n, prompts]` row-major;
+    /// advances the generation.
+    fn tell(&mut self, fitness: Vec<f32>) -> Result<(), Error>;
+    /// The parameters, copied to the host.
+    fn params(&self) -> Result<ParamTree, Error>;
+}
+
+/// Settings of a [`RewardLoop`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct RewardSettings {
+    /// The run seed (prompts derive from it and the generation).
+    pub seed: u64,
+    /// Training prompts per generation.
+    pub prompts: usize,
+    /// Whether `tell` takes `[n, prompts]` (one group per prompt, for `group_relative`)
+    /// rather than each member's mean reward.
+    pub grouped: bool,
+}
+
+/// What one generation did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GenerationReport {
+    /// The generation that ran.
+    pub generation: u32,
+    /// The fitness handed to `tell` (negated rewards), `[n]` or `[n, prompts]`.
+    pub fitness: Vec<f32>,
+    /// Every completion's reward, `[n, prompts]` row-major.
+    pub rewards: Vec<f32>,
+    /// Mean reward over all completions.
+    pub mean_reward: f64,
+    /// Fraction of completions with reward 1.
+    pub accuracy: f64,
+    /// Fraction of completions with reward above 0.
+    pub format_rate: f64,
+    /// Generated tokens, all members and prompts.
+    pub tokens: usize,
+    /// Seconds spent decoding (device work and transfers).
+    pub decode_secs: f64,
+    /// Seconds on the host: encoding, detokenizing and scoring.
+    pub host_secs: f64,
+    /// Completions whose reward failed and was contained.
+    pub contained: usize,
+}
+
+impl GenerationReport {
+    /// Generated tokens per second of decoding.
+    pub fn tokens_per_sec(&self) -> f64 {
+        if self.decode_secs > 0.0 {
+            self.tokens as f64 / self.decode_secs
+        } else {
+            0.0
+        }
+    }
+}
+
+/// One completion shown in an [`EvalRecord`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EvalSample {
+    /// The prompt as given (before the chat template).
+    pub prompt: String,
+    /// The completion's text.
+    pub completion: String,
+    /// Its reward.
+    pub reward: f32,
+}
+
+/// One line of `eval.jsonl`: greedy decoding of the unperturbed parameters on held-out
+/// prompts.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EvalRecord {
+    /// Generations done when evaluated (0: the starting parameters).
+    pub generation: u32,
+    /// Held-out prompts decoded.
+    pub prompts: usize,
+    /// Mean reward.
+    pub mean_reward: f64,
+    /// Fraction with reward 1.
+    pub accuracy: f64,
+    /// Fraction with reward above 0.
+    pub format_rate: f64,
+    /// Mean generated tokens per completion.
+    pub mean_length: f64,
+    /// `‖θ − θ₀‖₂` over every leaf, θ₀ the parameters the run started from.
+    pub l2_from_init: f64,
+    /// Completions whose reward failed and was contained.
+    pub contained: usize,
+    /// The first few completions.
+    pub samples: Vec<EvalSample>,
+}
+
+/// The reward loop (see the [module docs](self)).
+pub struct RewardLoop<S: Sampler> {
+    task: Box<dyn RewardTask>,
+    codec: TextCodec,
+    sampler: S,
+    settings: RewardSettings,
+    init: Option<ParamTree>,
+}
+
+fn fraction(rewards: &[f32], keep: impl Fn(f32) -> bool) -> f64 {
+    if rewards.is_empty() {
+        return 0.0;
+    }
+    rewards.iter().filter(|&&r| keep(r)).count() as f64 / rewards.len() as f64
+}
+
+fn mean(v: impl Iterator<Item = f64>) -> f64 {
+    let (s, k) = v.fold((0.0, 0usize), |(s, k), x| (s + x, k + 1));
+    if k == 0 {
+        0.0
+    } else {
+        s / k as f64
+    }
+}
+
+impl<S: Sampler> RewardLoop<S> {
+    /// A loop over `task`'s prompts, encoded by `codec`, decoded and updated by `sampler`.
+    /// `init` (the parameters the run started from) is what [`EvalRecord::l2_from_init`]
+    /// measures against; without it that field is 0.
+    pub fn new(
+        task: Box<dyn RewardTask>,
+        codec: TextCodec,
+        sampler: S,
+        settings: RewardSettings,
+        init: Option<ParamTree>,
+    ) -> Result<RewardLoop<S>, Error> {
+        if settings.prompts == 0 {
+            return Err(Error::Invalid(
+                "task.prompts = 0: decode at least one prompt per generation".into(),
+            ));
+        }
+        Ok(RewardLoop {
+            task,
+            codec,
+            sampler,
+            settings,
+            init,
+        })
+    }
+
+    /// The sampler (for the parameters, the generation, checkpoints).
+    pub fn sampler(&self) -> &S {
+        &self.sampler
+    }
+
+    /// The task.
+    pub fn task(&self) -> &dyn RewardTask {
+        &*self.task
+    }
+
+    /// The codec.
+    pub fn codec(&self) -> &TextCodec {
+        &self.codec
+    }
+
+    /// Runs one generation: prompts, decode, rewards, `tell`.
+    pub fn step(&mut self) -> Result<GenerationReport, Error> {
+        let t_host = Instant::now();
+        let generation = self.sampler.generation();
+        let batch = self
+            .task
+            .train(self.settings.seed, generation, self.settings.prompts)?;
+        let ids = batch
+            .prompts
+            .iter()
+            .map(|p| self.codec.encode(p))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut host = t_host.elapsed().as_secs_f64();
+        let t_dec = Instant::now();
+        let decoded = self.sampler.decode(&ids)?;
+        let decode_secs = t_dec.elapsed().as_secs_f64();
+        let t_host = Instant::now();
+        let n = self.sampler.population();
+        let b = ids.len();
+        if decoded.len() != n || decoded.iter().any(|m| m.len() != b) {
+            return Err(Error::Invalid(format!(
+                "the sampler returned {} members of {:?} completions; expected {n} × {b}",
+                decoded.len(),
+                decoded.iter().map(Vec::len).collect::<Vec<_>>()
+            )));
+        }
+        let flat: Vec<Vec<u32>> = decoded.into_iter().flatten().collect();
+        let tokens = flat.iter().map(Vec::len).sum();
+        let completions = self.codec.completions(flat)?;
+        let scores = batch.score(&completions)?;
+        let rewards = scores.rewards;
+        let fitness: Vec<f32> = if self.settings.grouped {
+            rewards.iter().map(|r| -r).collect()
+        } else {
+            rewards
+                .chunks(b)
+                .map(|row| -(mean(row.iter().map(|&r| f64::from(r))) as f32))
+                .collect()
+        };
+        host += t_host.elapsed().as_secs_f64();
+        self.sampler.tell(fitness.clone())?;
+        Ok(GenerationReport {
+            generation,
+            mean_reward: mean(rewards.iter().map(|&r| f64::from(r))),
+            accuracy: fraction(&rewards, |r| r == 1.0),
+            format_rate: fraction(&rewards, |r| r > 0.0),
+            fitness,
+            rewards,
+            tokens,
+            decode_secs,
+            host_secs: host,
+            contained: scores.contained.len(),
+        })
+    }
+
+    /// Greedy decoding of the unperturbed parameters on the first `count` held-out
+    /// prompts, keeping `samples` completions.
+    pub fn evaluate(&mut self, count: usize, samples: usize) -> Result<EvalRecord, Error> {
+        let batch = self.task.held_out(count)?;
+        let ids = batch
+            .prompts
+            .iter()
+            .map(|p| self.codec.encode(p))
+            .collect::<Result<Vec<_>, _>>()?;
+        let out = self.sampler.decode_plain(&ids)?;
+        if out.len() != ids.len() {
+            return Err(Error::Invalid(format!(
+                "the sampler returned {} plain completions for {} prompts",
+                out.len(),
+                ids.len()
+            )));
+        }
+        let mean_length = mean(out.iter().map(|c| c.len() as f64));
+        let completions = self.codec.completions(out)?;
+        let scores = batch.score(&completions)?;
+        let r = &scores.rewards;
+        let l2 = match &self.init {
+            Some(init) => l2_distance(&self.sampler.params()?, init)?,
+            None => 0.0,
+        };
+        Ok(EvalRecord {
+            generation: self.sampler.generation(),
+            prompts: ids.len(),
+            mean_reward: mean(r.iter().map(|&x| f64::from(x))),
+            accuracy: fraction(r, |x| x == 1.0),
+            format_rate: fraction(r, |x| x > 0.0),
+            mean_length,
+            l2_from_init: l2,
+            contained: scores.contained.len(),
+            samples: batch
+                .prompts
+                .iter()
+                .zip(&completions)
+                .zip(r)
+                .take(samples)
+                .map(|((p, c), &reward)| EvalSample {
+                    prompt: p.display(),
+                    completion: c.text.clone(),
+                    reward,
+                })
+                .collect(),
+        })
+    }
+}
+
+/// `‖a − b‖₂` over every leaf, accumulated in f64; the trees must have the same leaves.
+pub fn l2_distance(a: &ParamTree, b: &ParamTree) -> Result<f64, Error> {
+    let (la, lb) = (a.leaves(), b.leaves());
+    if la.len() != lb.len() {
+        return Err(Error::Invalid(format!(
+            "parameter trees differ: {} leaves against {}",
+            la.len(),
+            lb.len()
+        )));
+    }
+    let mut sum = 0.0f64;
+    for ((pa, x), (pb, y)) in la.iter().zip(&lb) {
+        if pa != pb || x.shape() != y.shape() {
+            return Err(Error::Invalid(format!(
+                "parameter trees differ at {pa} {:?} / {pb} {:?}",
+                x.shape(),
+                y.shape()
+            )));
+        }
+        sum += x
+            .data()
+            .iter()
+            .zip(y.data())
+            .map(|(&p, &q)| {
+                let d = f64::from(p) - f64::from(q);
+                d * d
+            })
+            .sum::<f64>();
+    }
+    Ok(sum.sqrt())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tasks::target_token::{TargetToken, TargetTokenConfig};
+
+    /// Member `i` answers every prompt with `i` copies of token 1 then one token 2, and
+    /// records what `tell` received.
+    struct Fixed {
+        n: usize,
+        generation: u32,
+        told: Vec<Vec<f32>>,
+    }
+
+    impl Sampler for Fixed {
+        fn population(&self) -> usize {
+            self.n
+        }
+        fn generation(&self) -> u32 {
+            self.generation
+        }
+        fn decode(&mut self, prompts: &[Vec<u32>]) -> Result<Vec<Vec<Vec<u32>>>, Error> {
+            Ok((0..self.n)
+                .map(|i| {
+                    prompts
+                        .iter()
+                        .map(|_| {
+                            let mut c = vec![1; i];
+                            c.push(2);
+                            c
+                        })
+                        .collect()
+                })
+                .collect())
+        }
+        fn decode_plain(&mut self, prompts: &[Vec<u32>]) -> Result<Vec<Vec<u32>>, Error> {
+            Ok(prompts.to_vec())
+        }
+        fn tell(&mut self, fitness: Vec<f32>) -> Result<(), Error> {
+            self.told.push(fitness);
+            self.generation += 1;
+            Ok(())
+        }
+        fn params(&self) -> Result<ParamTree, Error> {
+            Ok(ParamTree::map(Vec::<(String, ParamTree)>::new()))
+        }
+    }
+
+    fn run(grouped: bool) -> (GenerationReport, Vec<Vec<f32>>) {
+        let task = TargetToken::new(TargetTokenConfig {
+            token: 1,
+            vocab: 8,
+            prompt_tokens: 3,
+        })
+        .unwrap();
+        let sampler = Fixed {
+            n: 3,
+            generation: 0,
+            told: Vec::new(),
+        };
+        let settings = RewardSettings {
+            seed: 0,
+            prompts: 2,
+            grouped,
+        };
+        let mut lp = RewardLoop::new(
+            Box::new(task),
+            TextCodec::new(None, None, None),
+            sampler,
+            settings,
+            None,
+        )
+        .unwrap();
+        let r = lp.step().unwrap();
+        (r, lp.sampler().told.clone())
+    }
+
+    #[test]
+    fn fitness_is_the_negated_reward_per_member_or_per_prompt() {
+        let (r, told) = run(false);
+        // Member i's completions are i ones and a two: reward i / (i + 1).
+        assert_eq!(r.rewards, vec![0.0, 0.0, 0.5, 0.5, 2.0 / 3.0, 2.0 / 3.0]);
+        assert_eq!(told, vec![vec![-0.0, -0.5, -(2.0f32 / 3.0)]]);
+        assert_eq!(r.tokens, 2 * (1 + 2 + 3));
+        let (_, grouped) = run(true);
+        assert_eq!(grouped[0].len(), 6);
+        assert_eq!(grouped[0][3], -0.5);
+    }
+
+    #[test]
+    fn evaluation_scores_the_plain_completions() {
+        let task = TargetToken::new(TargetTokenConfig {
+            token: 1,
+            vocab: 2,
+            prompt_tokens: 4,
+        })
+        .unwrap();
+        let held = TargetToken::held_out(&task, 5).unwrap();
+        let expect: Vec<f64> = held
+            .iter()
+            .map(|p| f64::from(crate::tasks::target_token::reward(1, p)))
+            .collect();
+        let sampler = Fixed {
+            n: 2,
+            generation: 4,
+            told: Vec::new(),
+        };
+        let settings = RewardSettings {
+            seed: 0,
+            prompts: 1,
+            grouped: false,
+        };
+        let mut lp = RewardLoop::new(
+            Box::new(task),
+            TextCodec::new(None, None, None),
+            sampler,
+            settings,
+            None,
+        )
+        .unwrap();
+        let e = lp.evaluate(5, 2).unwrap();
+        assert_eq!(e.generation, 4);
+        assert_eq!(e.prompts, 5);
+        assert!((e.mean_reward - expect.iter().sum::<f64>() / 5.0).abs() < 1e-6);
+        assert_eq!(e.mean_length, 4.0);
+        assert_eq!(e.samples.len(), 2);
+    }
+}
