@@ -53,6 +53,27 @@ pub trait Sampler {
     fn params(&self) -> Result<ParamTree, Error>;
 }
 
+impl<S: Sampler + ?Sized> Sampler for Box<S> {
+    fn population(&self) -> usize {
+        (**self).population()
+    }
+    fn generation(&self) -> u32 {
+        (**self).generation()
+    }
+    fn decode(&mut self, prompts: &[Vec<u32>]) -> Result<Vec<Vec<Vec<u32>>>, Error> {
+        (**self).decode(prompts)
+    }
+    fn decode_plain(&mut self, prompts: &[Vec<u32>]) -> Result<Vec<Vec<u32>>, Error> {
+        (**self).decode_plain(prompts)
+    }
+    fn tell(&mut self, fitness: Vec<f32>) -> Result<(), Error> {
+        (**self).tell(fitness)
+    }
+    fn params(&self) -> Result<ParamTree, Error> {
+        (**self).params()
+    }
+}
+
 /// Settings of a [`RewardLoop`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct RewardSettings {

@@ -10,6 +10,9 @@ use shardes::hlo::es::{EsError, EsSpec, How, ShapingSpec, SpecError, StrategySpe
 use shardes::hlo::problems::control::{self, Control, Env, Fitness, ENV_NAMES};
 use shardes::hlo::problems::transformer_block::TransformerBlock;
 
+mod task;
+pub use task::{task_keys, EvalConfig, TaskConfig, EVAL_KEYS, TASK_NAMES};
+
 /// A user-facing configuration error: one line saying what is wrong and a hint saying how to fix it.
 #[derive(Debug, thiserror::Error)]
 #[error("{message}\n  hint: {hint}")]
@@ -46,6 +49,12 @@ pub struct Config {
     pub es: EsConfig,
     /// The run: seed, length, outputs.
     pub run: RunConfig,
+    /// Fine-tuning on a reward from generated text (a `qwen2` problem without `data`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<TaskConfig>,
+    /// Held-out evaluation of a `[task]` run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval: Option<EvalConfig>,
 }
 
 /// `[problem]`: one variant per problem, chosen by `name`.
@@ -286,9 +295,10 @@ impl ProblemConfig {
         ]
     }
 
-    /// The checks serde cannot make: for qwen2 one of `checkpoint` and `size`, `data`, a
-    /// known dtype; for control a known environment and positive counts.
-    fn check(&self) -> Result<(), ConfigError> {
+    /// The checks serde cannot make: for qwen2 one of `checkpoint` and `size`, `data`
+    /// (unless a `[task]` gives the prompts: `task`), a known dtype; for control a known
+    /// environment and positive counts.
+    fn check(&self, task: bool) -> Result<(), ConfigError> {
         if let ProblemConfig::Control { .. } = self {
             return control(self, ShapingSpec::default()).map(|_| ());
         }
@@ -311,9 +321,10 @@ impl ProblemConfig {
                 "problem \"qwen2\" needs problem.checkpoint or problem.size",
                 "add checkpoint = \"DIR\" (a Hugging Face directory) or size = \"tiny\", \"0.5b\" or \"1.5b\"",
             )),
-            _ if data.is_none() => Err(ConfigError::new(
+            _ if data.is_none() && !task => Err(ConfigError::new(
                 "problem \"qwen2\" needs problem.data",
-                "add data = \"FILE.jsonl\" with one {\"prompt\": ..., \"target\": ...} per line",
+                "add data = \"FILE.jsonl\" with one {\"prompt\": ..., \"target\": ...} per \
+                 line, or a [task] section to train on a reward from generated text",
             )),
             _ => match compute_dtype.as_deref() {
                 None | Some("f32") | Some("bf16") => Ok(()),
@@ -364,7 +375,7 @@ fn default_checkpoint_every() -> usize {
 /// Valid keys per table, for unknown-key suggestions (`[problem]`'s: [`problem_keys`]). Keep
 /// in sync with the structs above; `every_listed_es_and_run_key_deserializes` checks the
 /// `[es]` and `[run]` lists.
-pub(crate) const TOP_KEYS: &[&str] = &["plugin", "devices", "problem", "es", "run"];
+pub(crate) const TOP_KEYS: &[&str] = &["plugin", "devices", "problem", "es", "run", "task", "eval"];
 pub(crate) const ES_KEYS: &[&str] = &[
     "strategy",
     "n",
@@ -579,6 +590,19 @@ impl Config {
         if let Some(toml::Value::Table(t)) = table.get("es") {
             check_es_table(t)?;
         }
+        for (name, v) in [("task", table.get("task")), ("eval", table.get("eval"))] {
+            match v {
+                Some(toml::Value::Table(t)) if name == "task" => TaskConfig::check_table(t)?,
+                Some(toml::Value::Table(t)) => check_keys(t, name, EVAL_KEYS)?,
+                Some(_) => {
+                    return Err(ConfigError::new(
+                        format!("`{name}` must be a table"),
+                        format!("write it as a [{name}] section"),
+                    ))
+                }
+                None => {}
+            }
+        }
         let config: Config = toml::from_str(text).map_err(|e| {
             let msg = e.message().to_string();
             // serde names the expected type but not the key; the span points at the value,
@@ -597,7 +621,8 @@ impl Config {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
-        self.problem.check()?;
+        self.check_task()?;
+        self.problem.check(self.task.is_some())?;
         let [d_model, batch, seq] = self.problem.dims();
         for (key, v) in [
             d_model,
@@ -614,6 +639,51 @@ impl Config {
             }
         }
         self.es.build(self.devices).map_err(es_error)?;
+        Ok(())
+    }
+
+    /// `[task]` needs a `qwen2` problem that gives no teacher-forcing data; `[eval]` needs
+    /// a `[task]`.
+    fn check_task(&self) -> Result<(), ConfigError> {
+        if let Some(e) = &self.eval {
+            if self.task.is_none() {
+                return Err(ConfigError::new(
+                    "[eval] without a [task]",
+                    "held-out evaluation scores generated text: add a [task] section, or \
+                     remove [eval]",
+                ));
+            }
+            e.check()?;
+        }
+        let Some(task) = &self.task else {
+            return Ok(());
+        };
+        task.check()?;
+        let ProblemConfig::Qwen2 {
+            data, batch, seq, ..
+        } = &self.problem
+        else {
+            return Err(ConfigError::new(
+                format!("[task] with problem \"{}\"", self.problem.name()),
+                "a [task] fine-tunes a language model: use [problem] name = \"qwen2\"",
+            ));
+        };
+        for (key, set) in [
+            ("data", data.is_some()),
+            ("batch", batch.is_some()),
+            ("seq", seq.is_some()),
+        ] {
+            if set {
+                return Err(ConfigError::new(
+                    format!("problem.{key} with a [task]"),
+                    format!(
+                        "problem.{key} is for teacher-forced training; a [task] run takes its \
+                         prompts from the task (task.prompts, task.prompt_len, \
+                         task.max_new_tokens): remove problem.{key}"
+                    ),
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -657,6 +727,9 @@ impl Config {
             if let Some(d) = data {
                 files.push(("problem.data".into(), d.clone()));
             }
+        }
+        if let Some(t) = &self.task {
+            files.extend(t.input_files());
         }
         files
     }

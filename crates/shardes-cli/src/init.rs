@@ -23,7 +23,7 @@ use shardes::hlo::es::shaping::SHAPING_NAMES;
 /// The problems `--problem` offers (those this build lacks are refused when asked for).
 const PROBLEMS: [&str; 3] = ["transformer_block", "qwen2", "control"];
 /// The tasks `--task` offers.
-const TASKS: [&str; 1] = ["countdown"];
+const TASKS: [&str; 3] = ["countdown", "jsonl", "target_token"];
 
 /// Arguments of `shardes init`.
 #[derive(Debug, clap::Args)]
@@ -43,13 +43,27 @@ pub struct InitArgs {
 
 /// A config's tables in file order: the top level (`""`), then each section.
 const SECTIONS: [&str; 4] = ["", "problem", "es", "run"];
+/// The sections a `--task` adds after [`SECTIONS`].
+const TASK_SECTIONS: [&str; 2] = ["task", "eval"];
+
+/// The sections of a starter config with or without a task.
+fn sections(task: Option<&str>) -> Vec<&'static str> {
+    let mut v = SECTIONS.to_vec();
+    if task.is_some() {
+        v.extend(TASK_SECTIONS);
+    }
+    v
+}
 
 /// Keys of one table with their TOML literals.
 type Values = &'static [(&'static str, &'static str)];
 
 /// The values of the keys without a default, for `problem` (what the starter config
 /// starts from; the rest is defaults). Keyed `(section, key)`, each value a TOML literal.
-fn starting_values(problem: &str) -> Vec<(&'static str, &'static str, &'static str)> {
+fn starting_values(
+    problem: &str,
+    task: Option<&str>,
+) -> Vec<(&'static str, &'static str, &'static str)> {
     let (es, run): (Values, Values) = match problem {
         // The quickstart's: learns visibly in 30 generations on 8 CPU devices.
         "transformer_block" => (
@@ -76,7 +90,20 @@ fn starting_values(problem: &str) -> Vec<(&'static str, &'static str, &'static s
         _ => &[("name", "\"control\""), ("env", "\"cartpole_balance\"")],
     };
     let mut v = Vec::new();
-    v.extend(problem_values.iter().map(|&(k, l)| ("problem", k, l)));
+    // A task gives the prompts: no teacher-forcing data.
+    v.extend(
+        problem_values
+            .iter()
+            .filter(|(k, _)| task.is_none() || *k != "data")
+            .map(|&(k, l)| ("problem", k, l)),
+    );
+    let task_values: Values = match task {
+        Some("countdown") => &[("name", "\"countdown\"")],
+        Some("jsonl") => &[("name", "\"jsonl\""), ("train", "\"path/to/train.jsonl\"")],
+        Some("target_token") => &[("name", "\"target_token\""), ("token", "1")],
+        _ => &[],
+    };
+    v.extend(task_values.iter().map(|&(k, l)| ("task", k, l)));
     v.extend(es.iter().map(|&(k, l)| ("es", k, l)));
     v.extend(run.iter().map(|&(k, l)| ("run", k, l)));
     v
@@ -205,24 +232,98 @@ fn doc(section: &str, key: &str, problem: &str) -> Option<(String, Option<String
              (`tensorboard --logdir OUT/tb`). Default: false.",
             "true",
         ),
+        ("task", "name") => Some((
+            format!(
+                "The task: {}. Each generation every member decodes the task's prompts; the \
+                 rewards of the text, negated, are the fitness.",
+                config::TASK_NAMES.join(", ")
+            ),
+            None,
+        )),
+        ("task", "prompts") => e("Training prompts per generation. Default: 8.", "8"),
+        ("task", "prompt_len") => e(
+            "Prompt tokens the decoding program holds (longer prompts are refused). Default: \
+             128.",
+            "128",
+        ),
+        ("task", "max_new_tokens") => e("Tokens each completion may generate. Default: 64.", "64"),
+        ("task", "chat") => e(
+            "Wrap prompts with the checkpoint's chat template (Instruct models). Default: false.",
+            "true",
+        ),
+        ("task", "system") => e(
+            "A system message for the chat template.",
+            "\"You are a helpful assistant.\"",
+        ),
+        ("task", "temperature") => e(
+            "Sampling temperature; 0 decodes greedily (what both ES papers use). Default: 0.",
+            "0.7",
+        ),
+        ("task", "top_p") => e(
+            "Nucleus sampling's mass, with a temperature above 0. Default: 1 (off).",
+            "1.0",
+        ),
+        ("task", "eos") => e(
+            "End-of-sequence ids. Default: generation_config.json's, else config.json's.",
+            "[151645, 151643]",
+        ),
+        ("task", "min_numbers") => e("Fewest numbers per puzzle. Default: 3.", "3"),
+        ("task", "max_numbers") => e("Most numbers per puzzle. Default: 4.", "4"),
+        ("task", "min_number") => e("Smallest number drawn. Default: 1.", "1"),
+        ("task", "max_number") => e("Largest number drawn. Default: 99.", "99"),
+        ("task", "max_target") => e("Targets lie in 1..=max_target. Default: 100.", "100"),
+        ("task", "eval_seed") => e(
+            "Seed of the held-out puzzles (disjoint from every training puzzle). Default: 0.",
+            "0",
+        ),
+        ("task", "style") => e(
+            "Prompt wording: \"instruction\" (TinyZero's user message; with chat = true for \
+             Instruct models), \"base\" (TinyZero's framing for base models) or \"compact\" \
+             (one short line, for tiny models). Default: \"instruction\".",
+            "\"base\"",
+        ),
+        ("task", "train") => d(
+            "FILL IN: a JSONL file, one {\"prompt\": \"...\", \"answer\": \"...\"} per line; \
+             the reward is an exact match of the last number or the <answer> content.",
+        ),
+        ("task", "held_out") => e(
+            "A held-out JSONL file for [eval]. Default: the training file's lines marked held \
+             out.",
+            "\"path/to/test.jsonl\"",
+        ),
+        ("task", "token") => d("The id whose frequency in a completion is its reward."),
+        ("task", "prompt_tokens") => e("Tokens per random prompt. Default: 4.", "4"),
+        ("eval", "every") => d(
+            "Greedy decoding of the unperturbed parameters on held-out prompts at generation 0, \
+             every this many generations and at the end, appended to OUT/eval.jsonl (0: start \
+             and end only).",
+        ),
+        ("eval", "prompts") => d("Held-out prompts per evaluation."),
+        ("eval", "samples") => d("Completions kept as samples in each eval.jsonl line."),
         _ => None,
     }
 }
 
-/// The keys of `section` for `problem`, in the config's order.
-fn keys(section: &str, problem: &str) -> Vec<&'static str> {
+/// The keys of `section` for `problem` (and `task`), in the config's order.
+fn keys(section: &str, problem: &str, task: Option<&str>) -> Vec<&'static str> {
     match section {
         "" => config::TOP_KEYS
             .iter()
             .copied()
-            .filter(|k| !SECTIONS.contains(k))
+            .filter(|k| !SECTIONS.contains(k) && !TASK_SECTIONS.contains(k))
             .collect(),
+        "task" => config::task_keys(task.unwrap_or("")),
+        "eval" => config::EVAL_KEYS.to_vec(),
         "problem" => {
             let own = config::PROBLEM_VARIANTS
                 .iter()
                 .find(|(n, _)| *n == problem)
                 .map_or(&[][..], |(_, ks)| *ks);
-            std::iter::once("name").chain(own.iter().copied()).collect()
+            // A task gives the prompts: no teacher-forcing keys.
+            let forced = |k: &&str| task.is_some() && ["batch", "seq", "data"].contains(k);
+            std::iter::once("name")
+                .chain(own.iter().copied().filter(|k| !forced(k)))
+                .collect()
         }
         "es" => config::ES_KEYS.to_vec(),
         _ => config::RUN_KEYS.to_vec(),
@@ -264,14 +365,17 @@ fn check_available(problem: &str, task: Option<&str>) -> Result<(), ConfigError>
             format!("available problems: {}", known.join(", ")),
         ));
     }
-    // A task is a `[task]` section of the config, which this build does not have. When the
-    // config gains it: a `[task]` entry in SECTIONS (written only with --task), its keys in
-    // `keys` and its comments in `doc`; the tests then check it like the other sections.
     if let Some(task) = task {
-        if !config::TOP_KEYS.contains(&"task") {
+        if !config::TASK_NAMES.contains(&task) {
             return Err(ConfigError::new(
                 format!("--task {task}: not available in this build yet"),
-                "leave out --task: this build trains on the problem's own loss",
+                format!("available tasks: {}", config::TASK_NAMES.join(", ")),
+            ));
+        }
+        if problem != "qwen2" {
+            return Err(ConfigError::new(
+                format!("--task {task} with --problem {problem}"),
+                "a task fine-tunes a language model: use --problem qwen2",
             ));
         }
     }
@@ -281,10 +385,10 @@ fn check_available(problem: &str, task: Option<&str>) -> Result<(), ConfigError>
 /// The starter config for `problem` (and `task`).
 pub fn starter(problem: &str, task: Option<&str>) -> Result<String> {
     check_available(problem, task)?;
-    let start = starting_values(problem);
+    let start = starting_values(problem, task);
     // Parse the starting values alone: what serde fills in are the defaults.
     let mut minimal = String::new();
-    for section in SECTIONS {
+    for section in sections(task) {
         if !section.is_empty() {
             minimal.push_str(&format!("[{section}]\n"));
         }
@@ -297,8 +401,12 @@ pub fn starter(problem: &str, task: Option<&str>) -> Result<String> {
     let resolved = toml::Table::try_from(&parsed).context("serializing the starting config")?;
     let fixed = problem_defaults(problem);
 
+    let command = match task {
+        Some(t) => format!("--problem {problem} --task {t}"),
+        None => format!("--problem {problem}"),
+    };
     let mut text = comment(&format!(
-        "A shardes run config, written by `shardes init --problem {problem}`. Run it with \
+        "A shardes run config, written by `shardes init {command}`. Run it with \
          `shardes run FILE`. Every key is listed: a set line holds the key's default (or a \
          starting value, for the few keys without one); a commented-out key is optional, \
          with its default in the comment. Unknown keys are refused."
@@ -311,7 +419,7 @@ pub fn starter(problem: &str, task: Option<&str>) -> Result<String> {
             "Before running, fill in the keys marked FILL IN (paths on this machine).",
         ));
     }
-    for section in SECTIONS {
+    for section in sections(task) {
         text.push('\n');
         if !section.is_empty() {
             text.push_str(&format!("[{section}]\n"));
@@ -321,7 +429,7 @@ pub fn starter(problem: &str, task: Option<&str>) -> Result<String> {
         } else {
             resolved.get(section).and_then(toml::Value::as_table)
         };
-        for (i, key) in keys(section, problem).into_iter().enumerate() {
+        for (i, key) in keys(section, problem, task).into_iter().enumerate() {
             let (about, example) = doc(section, key, problem)
                 .unwrap_or_else(|| ("See the README's config schema.".into(), None));
             let value = start
@@ -389,13 +497,20 @@ mod tests {
         keys
     }
 
+    /// Every problem alone, and qwen2 with each task.
+    fn cases() -> Vec<(&'static str, Option<&'static str>)> {
+        let mut v: Vec<_> = config::problems().into_iter().map(|p| (p, None)).collect();
+        v.extend(config::TASK_NAMES.iter().map(|t| ("qwen2", Some(*t))));
+        v
+    }
+
     #[test]
     fn every_key_of_every_problem_is_listed_with_a_comment() {
-        for problem in config::problems() {
-            let text = starter(problem, None).expect("a starter config");
+        for (problem, task) in cases() {
+            let text = starter(problem, task).expect("a starter config");
             let listed = listed(&text);
-            for section in SECTIONS {
-                for key in keys(section, problem) {
+            for section in sections(task) {
+                for key in keys(section, problem, task) {
                     assert!(
                         doc(section, key, problem).is_some(),
                         "{problem}: [{section}] {key} has no comment in init::doc: add one"
@@ -412,9 +527,9 @@ mod tests {
             }
             assert_eq!(
                 listed.len(),
-                SECTIONS
+                sections(task)
                     .iter()
-                    .map(|s| keys(s, problem).len())
+                    .map(|s| keys(s, problem, task).len())
                     .sum::<usize>(),
                 "{problem}: a line that is no key:\n{text}"
             );
@@ -425,10 +540,10 @@ mod tests {
     /// can be set (their examples are valid values): both parse.
     #[test]
     fn defaults_are_the_configs_and_examples_parse() {
-        for problem in config::problems() {
-            let text = starter(problem, None).expect("a starter config");
+        for (problem, task) in cases() {
+            let text = starter(problem, task).expect("a starter config");
             let full = Config::parse(&text).expect("the starter parses");
-            let start = starting_values(problem);
+            let start = starting_values(problem, task);
             let fixed = problem_defaults(problem);
             let mut section = String::new();
             let mut stripped = String::new();
@@ -493,13 +608,10 @@ mod tests {
                 );
             }
         }
-        if !config::TOP_KEYS.contains(&"task") {
-            let e = starter("qwen2", Some("countdown")).unwrap_err().to_string();
-            assert!(
-                e.contains("--task countdown: not available in this build yet"),
-                "{e}"
-            );
-        }
+        let e = starter("control", Some("countdown"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("use --problem qwen2"), "{e}");
     }
 
     #[test]

@@ -21,6 +21,7 @@ mod out;
 mod plot;
 mod run;
 mod setup;
+mod taskset;
 
 use config::ConfigError;
 use out::{errln, Failure};

@@ -25,7 +25,9 @@
 //! checkpoint at generation g computes exactly what an uninterrupted run computes from g on.
 
 mod curves;
+mod engine;
 mod finite;
+mod reward;
 mod signals;
 mod start;
 mod summary;
@@ -39,6 +41,8 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use shardes::hlo::prng::Key;
 use shardes::rundir::{read_metrics, Metric, Mode, RunDir};
 use shardes::Trainer;
+
+use engine::Engine;
 
 use crate::config::{Config, ConfigError, ProblemConfig};
 use crate::out::{errln, is_closed, outln, Stdout};
@@ -146,6 +150,14 @@ impl Progress {
         self.tell(m.generation);
     }
 
+    /// Prints a line of its own (an evaluation's), above the bar when there is one.
+    fn line(&mut self, text: &str) {
+        match &self.bar {
+            Some(pb) => pb.println(text),
+            None => outln!(self.out, "{text}"),
+        }
+    }
+
     /// Ends the bar's line, so that what follows starts on a line of its own.
     fn finish(&mut self) {
         if let Some(pb) = self.bar.take() {
@@ -184,7 +196,7 @@ impl Progress {
 /// checkpoint, a failure naming the cause).
 fn checkpoint(
     rundir: &mut RunDir,
-    trainer: &Trainer,
+    trainer: &Engine,
     key: Key,
     config: &Config,
     inputs: &serde_json::Value,
@@ -286,10 +298,15 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
         return Ok(Outcome::Finished);
     }
     let p = &s.problem;
-    let mut trainer = Trainer::with_state(
-        &s.client, &s.es, &*p.model, &p.params, p.key, &p.batch, start,
-    )
-    .context("building the generation program")?;
+    let mut trainer = match &config.task {
+        Some(_) => Engine::Reward(Box::new(reward::build(&s, start)?)),
+        None => Engine::Fused(
+            Trainer::with_state(
+                &s.client, &s.es, &*p.model, &p.params, p.key, &p.batch, start,
+            )
+            .context("building the generation program")?,
+        ),
+    };
     let bt = trainer.build_times();
     outln!(
         out,
@@ -337,6 +354,12 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
         }
     }
     rundir.write_config(&resolved).map_err(rundir_error)?;
+    if let Engine::Reward(r) = &mut trainer {
+        if start > 0 {
+            shardes::finetune::truncate_evals(&dir.join(reward::EVAL_LOG), start)?;
+        }
+        r.open_log(&dir)?;
+    }
     let mut metrics = rundir.metrics_writer().map_err(rundir_error)?;
     let mut summary = Summary::default();
     if start > 0 {
@@ -352,24 +375,32 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
     let key = s.problem.key;
     let t_run = Instant::now();
     let mut outcome = Outcome::Finished;
+    if start == 0 {
+        if let Some(line) = trainer.evaluate_if_due(0, false)? {
+            progress.line(&line);
+        }
+    }
     for g in start..total {
         if let Some(sig) = stop.received() {
             outcome = Outcome::Interrupted(sig);
             break;
         }
         let t0 = Instant::now();
-        let fitness = trainer
+        let step = trainer
             .step()
             .with_context(|| format!("running generation {g}"))?;
+        let fitness = step.fitness;
         let ms = t0.elapsed().as_secs_f64() * 1e3;
         let (mean, lo, hi) = stats(&fitness);
+        let mut extra = extra_scalars(&config, mean);
+        extra.extend(step.extra);
         let m = Metric {
             generation: g,
             fitness_mean: mean,
             fitness_min: lo,
             fitness_max: hi,
             ms,
-            extra: extra_scalars(&config, mean),
+            extra,
         };
         // Written before the divergence check: the user sees the NaN generation.
         metrics.append(&m).map_err(rundir_error)?;
@@ -383,6 +414,11 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
             let last = rundir.committed().map(|s| s.generation);
             return Err(finite::diverged_fitness((&config.es).into(), g, &bad, last, &dir).into());
         }
+        // Before the checkpoint: a kill between the two leaves an evaluation that the
+        // resume (from the previous checkpoint) drops and writes again.
+        if let Some(line) = trainer.evaluate_if_due(done, false)? {
+            progress.line(&line);
+        }
         if every > 0 && (done as usize).is_multiple_of(every) && done < total {
             if let Err(e) = checkpoint(&mut rundir, &trainer, key, &config, &inputs) {
                 progress.finish();
@@ -395,6 +431,17 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
         outcome = Outcome::Interrupted(sig);
     }
     let g = trainer.generation();
+    // The end of the run (not of an interrupted part of it) is evaluated too.
+    if outcome == Outcome::Finished && g > start {
+        match trainer.evaluate_if_due(g, true) {
+            Ok(Some(line)) => progress.line(&line),
+            Ok(None) => {}
+            Err(e) => {
+                progress.finish();
+                return Err(e);
+            }
+        }
+    }
     let result = if rundir.committed().map(|s| s.generation) == Some(g) {
         Ok(())
     } else {

@@ -1,0 +1,446 @@
+//! `[task]` and `[eval]`: fine-tuning a language model on a reward from what each member
+//! generates (a `qwen2` problem).
+//!
+//! ```toml
+//! [task]
+//! name = "countdown"       # countdown | jsonl | target_token
+//! prompts = 8              # training prompts per generation (each member decodes all)
+//! prompt_len = 160         # prompt tokens the program holds (longer prompts are refused)
+//! max_new_tokens = 128     # tokens each completion may generate
+//! chat = true              # wrap prompts with the checkpoint's chat template
+//!
+//! [eval]
+//! every = 10               # held-out evaluation every this many generations (0: start and end)
+//! prompts = 64             # held-out prompts per evaluation
+//! ```
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use super::{nearest, ConfigError};
+
+/// The task names, for errors.
+pub const TASK_NAMES: &[&str] = &["countdown", "jsonl", "target_token"];
+
+/// `[task]` keys every task reads.
+const COMMON: &[&str] = &[
+    "name",
+    "prompts",
+    "prompt_len",
+    "max_new_tokens",
+    "chat",
+    "system",
+    "temperature",
+    "top_p",
+    "eos",
+];
+
+/// Each task's own keys.
+const OWN: &[(&str, &[&str])] = &[
+    (
+        "countdown",
+        &[
+            "min_numbers",
+            "max_numbers",
+            "min_number",
+            "max_number",
+            "max_target",
+            "eval_seed",
+            "style",
+        ],
+    ),
+    ("jsonl", &["train", "held_out"]),
+    ("target_token", &["token", "prompt_tokens"]),
+];
+
+/// The `[task]` keys `name` reads (common keys first), in the config's order; empty for
+/// an unknown name.
+pub fn task_keys(name: &str) -> Vec<&'static str> {
+    match OWN.iter().find(|(n, _)| *n == name) {
+        Some((_, own)) => COMMON.iter().chain(own.iter()).copied().collect(),
+        None => Vec::new(),
+    }
+}
+
+/// `[eval]` keys.
+pub const EVAL_KEYS: &[&str] = &["every", "prompts", "samples"];
+
+/// `[task]`: the prompts and the reward. Unset keys stay `None` (the resolved config and
+/// the trajectory hash record what the user wrote); [`TaskConfig`]'s accessors give the
+/// defaults.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct TaskConfig {
+    /// `countdown`, `jsonl` or `target_token`.
+    pub name: String,
+    /// Training prompts per generation (default 8).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompts: Option<usize>,
+    /// Prompt tokens the decoding program holds (default 128).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_len: Option<usize>,
+    /// Tokens generated per completion at most (default 64).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_new_tokens: Option<usize>,
+    /// Wrap prompts with the checkpoint's chat template (default false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat: Option<bool>,
+    /// A system message for the chat template.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system: Option<String>,
+    /// Sampling temperature; 0 (the default) decodes greedily.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    /// Nucleus sampling's mass (default 1: off); only with a temperature above 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f64>,
+    /// End-of-sequence ids (default: `generation_config.json`'s, else `config.json`'s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eos: Option<Vec<u32>>,
+    /// countdown: fewest numbers per puzzle (default 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_numbers: Option<usize>,
+    /// countdown: most numbers per puzzle (default 4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_numbers: Option<usize>,
+    /// countdown: smallest number (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_number: Option<u32>,
+    /// countdown: largest number (default 99).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_number: Option<u32>,
+    /// countdown: targets lie in 1..=max_target (default 100).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_target: Option<i64>,
+    /// countdown: seed of the held-out puzzles (default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_seed: Option<u64>,
+    /// countdown: `instruction` (default; for Instruct models, with `chat = true`), `base`
+    /// (TinyZero's framing for base models) or `compact` (a one-line prompt for tiny models).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub style: Option<String>,
+    /// jsonl: the training file (`{"prompt": ..., "answer": ...}` per line).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub train: Option<PathBuf>,
+    /// jsonl: the held-out file (default: the training file's lines marked held out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_out: Option<PathBuf>,
+    /// target_token: the id whose frequency in a completion is its reward.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<u32>,
+    /// target_token: tokens per (random) prompt (default 4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens: Option<usize>,
+}
+
+/// `[eval]`: held-out evaluation of the unperturbed parameters.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct EvalConfig {
+    /// Evaluate every this many generations, besides generation 0 and the end (0: only
+    /// those two).
+    #[serde(default = "default_every")]
+    pub every: usize,
+    /// Held-out prompts per evaluation.
+    #[serde(default = "default_eval_prompts")]
+    pub prompts: usize,
+    /// Completions kept as samples in each `eval.jsonl` line.
+    #[serde(default = "default_samples")]
+    pub samples: usize,
+}
+
+fn default_every() -> usize {
+    10
+}
+fn default_eval_prompts() -> usize {
+    32
+}
+fn default_samples() -> usize {
+    3
+}
+
+impl Default for EvalConfig {
+    fn default() -> Self {
+        EvalConfig {
+            every: default_every(),
+            prompts: default_eval_prompts(),
+            samples: default_samples(),
+        }
+    }
+}
+
+/// The most prompts, prompt tokens or new tokens a config may ask for (a program of that
+/// size would not compile in any memory this tool runs in).
+const MAX_DIM: usize = 1 << 20;
+
+impl TaskConfig {
+    /// Training prompts per generation.
+    pub fn prompts(&self) -> usize {
+        self.prompts.unwrap_or(8)
+    }
+    /// Prompt tokens the program holds.
+    pub fn prompt_len(&self) -> usize {
+        self.prompt_len.unwrap_or(128)
+    }
+    /// New tokens per completion.
+    pub fn max_new_tokens(&self) -> usize {
+        self.max_new_tokens.unwrap_or(64)
+    }
+    /// Whether prompts go through the chat template.
+    pub fn chat(&self) -> bool {
+        self.chat.unwrap_or(false)
+    }
+    /// Sampling temperature (0: greedy).
+    pub fn temperature(&self) -> f64 {
+        self.temperature.unwrap_or(0.0)
+    }
+    /// Nucleus mass.
+    pub fn top_p(&self) -> f64 {
+        self.top_p.unwrap_or(1.0)
+    }
+
+    /// Refuses a key of the raw `[task]` table that the named task does not read, and an
+    /// unknown name (with the nearest one).
+    pub(crate) fn check_table(table: &toml::Table) -> Result<(), ConfigError> {
+        let Some(name) = table.get("name").and_then(toml::Value::as_str) else {
+            return Err(ConfigError::new(
+                "task.name is missing",
+                format!("set task.name to one of: {}", TASK_NAMES.join(", ")),
+            ));
+        };
+        let Some((_, own)) = OWN.iter().find(|(n, _)| *n == name) else {
+            let hint = match nearest(name, TASK_NAMES) {
+                Some(n) => format!("did you mean \"{n}\"? tasks: {}", TASK_NAMES.join(", ")),
+                None => format!("tasks: {}", TASK_NAMES.join(", ")),
+            };
+            return Err(ConfigError::new(
+                format!("task.name: unknown task \"{name}\""),
+                hint,
+            ));
+        };
+        let every: Vec<&str> = COMMON
+            .iter()
+            .chain(OWN.iter().flat_map(|(_, k)| k.iter()))
+            .copied()
+            .collect();
+        for key in table.keys() {
+            let k = key.as_str();
+            if COMMON.contains(&k) || own.contains(&k) {
+                continue;
+            }
+            let reads: Vec<&str> = COMMON.iter().chain(own.iter()).copied().collect();
+            if every.contains(&k) {
+                return Err(ConfigError::new(
+                    format!("task.{k} does not apply to task \"{name}\""),
+                    format!("remove it; {name} reads: {}", reads.join(", ")),
+                ));
+            }
+            let hint = match nearest(k, &reads) {
+                Some(n) => format!("did you mean `{n}`? {name} reads: {}", reads.join(", ")),
+                None => format!("{name} reads: {}", reads.join(", ")),
+            };
+            return Err(ConfigError::new(format!("unknown key `task.{k}`"), hint));
+        }
+        Ok(())
+    }
+
+    /// Range checks of the values.
+    pub(crate) fn check(&self) -> Result<(), ConfigError> {
+        for (key, v) in [
+            ("task.prompts", self.prompts()),
+            ("task.prompt_len", self.prompt_len()),
+            ("task.max_new_tokens", self.max_new_tokens()),
+        ] {
+            if v == 0 || v > MAX_DIM {
+                return Err(ConfigError::new(
+                    format!("{key} = {v}"),
+                    format!("set {key} between 1 and {MAX_DIM}"),
+                ));
+            }
+        }
+        let t = self.temperature();
+        if !t.is_finite() || t < 0.0 {
+            return Err(ConfigError::new(
+                format!("task.temperature = {t}"),
+                "use 0 for greedy decoding or a positive finite temperature",
+            ));
+        }
+        let p = self.top_p();
+        if !(p > 0.0 && p <= 1.0) {
+            return Err(ConfigError::new(
+                format!("task.top_p = {p}"),
+                "use a value in (0, 1]; 1 turns nucleus sampling off",
+            ));
+        }
+        if p < 1.0 && t == 0.0 {
+            return Err(ConfigError::new(
+                format!("task.top_p = {p} with greedy decoding (task.temperature = 0)"),
+                "set task.temperature above 0 to sample, or remove task.top_p",
+            ));
+        }
+        if let Some(style) = &self.style {
+            if !["instruction", "base", "compact"].contains(&style.as_str()) {
+                return Err(ConfigError::new(
+                    format!("task.style = \"{style}\""),
+                    "use \"instruction\", \"base\" or \"compact\"",
+                ));
+            }
+        }
+        match self.name.as_str() {
+            "jsonl" if self.train.is_none() => Err(ConfigError::new(
+                "task \"jsonl\" needs task.train",
+                "set task.train to a JSONL file with one {\"prompt\": ..., \"answer\": ...} per line",
+            )),
+            "target_token" if self.token.is_none() => Err(ConfigError::new(
+                "task \"target_token\" needs task.token",
+                "set task.token to the id whose frequency is the reward",
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// The files whose contents the trajectory depends on, by key.
+    pub fn input_files(&self) -> Vec<(String, PathBuf)> {
+        let mut files = Vec::new();
+        if let Some(p) = &self.train {
+            files.push(("task.train".to_string(), p.clone()));
+        }
+        if let Some(p) = &self.held_out {
+            files.push(("task.held_out".to_string(), p.clone()));
+        }
+        files
+    }
+}
+
+impl EvalConfig {
+    /// Range checks.
+    pub(crate) fn check(&self) -> Result<(), ConfigError> {
+        if self.prompts == 0 || self.prompts > MAX_DIM {
+            return Err(ConfigError::new(
+                format!("eval.prompts = {}", self.prompts),
+                format!("set eval.prompts between 1 and {MAX_DIM}, or remove [eval]"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+
+    const BASE: &str = r#"
+[problem]
+name = "qwen2"
+size = "tiny"
+[es]
+strategy = "mirrored(lowrank(r=1))"
+n = 16
+sigma = 0.01
+lr = 0.01
+[run]
+generations = 2
+"#;
+
+    fn parse_with(problem: &str, extra: &str) -> String {
+        let text = format!("{}{extra}", BASE.replace("size = \"tiny\"", problem));
+        format!("{}", Config::parse(&text).unwrap_err())
+    }
+
+    fn parse(extra: &str) -> Result<Config, String> {
+        Config::parse(&format!("{BASE}{extra}")).map_err(|e| format!("{e}"))
+    }
+
+    #[test]
+    fn a_task_section_parses_with_defaults() {
+        let c = parse("[task]\nname = \"target_token\"\ntoken = 3\n[eval]\nevery = 5\n").unwrap();
+        let t = c.task.as_ref().unwrap();
+        assert_eq!(
+            (t.prompts(), t.prompt_len(), t.max_new_tokens()),
+            (8, 128, 64)
+        );
+        assert_eq!(c.eval.as_ref().unwrap().every, 5);
+        assert_eq!(c.eval.as_ref().unwrap().prompts, 32);
+        let plain =
+            Config::parse(&BASE.replace("size = \"tiny\"", "size = \"tiny\"\ndata = \"d.jsonl\""))
+                .unwrap();
+        assert!(plain.task.is_none() && plain.eval.is_none());
+    }
+
+    #[test]
+    fn task_errors_name_the_key() {
+        let cases = [
+            (
+                "[task]\nname = \"countdwn\"\n",
+                "did you mean \"countdown\"",
+            ),
+            ("[task]\nprompts = 2\n", "task.name is missing"),
+            (
+                "[task]\nname = \"countdown\"\ntoken = 3\n",
+                "task.token does not apply",
+            ),
+            (
+                "[task]\nname = \"countdown\"\nmax_new = 3\n",
+                "max_new_tokens",
+            ),
+            (
+                "[task]\nname = \"countdown\"\nprompts = 0\n",
+                "task.prompts = 0",
+            ),
+            (
+                "[task]\nname = \"countdown\"\ntemperature = -1.0\n",
+                "task.temperature",
+            ),
+            (
+                "[task]\nname = \"countdown\"\ntop_p = 0.9\n",
+                "greedy decoding",
+            ),
+            (
+                "[task]\nname = \"countdown\"\nstyle = \"terse\"\n",
+                "task.style",
+            ),
+            ("[task]\nname = \"jsonl\"\n", "needs task.train"),
+            ("[task]\nname = \"target_token\"\n", "needs task.token"),
+            ("[eval]\nevery = 2\n", "[eval] without a [task]"),
+            (
+                "[task]\nname = \"target_token\"\ntoken = 1\n[eval]\nprompts = 0\n",
+                "eval.prompts = 0",
+            ),
+            (
+                "[task]\nname = \"target_token\"\ntoken = 1\n[eval]\nevry = 2\n",
+                "did you mean `every`",
+            ),
+        ];
+        for (extra, want) in cases {
+            let e = parse(extra).unwrap_err();
+            assert!(e.contains(want), "{extra:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_task_needs_a_qwen2_problem_without_teacher_forced_data() {
+        let e = Config::parse(
+            r#"
+[problem]
+name = "transformer_block"
+[es]
+strategy = "mirrored(lowrank(r=1))"
+n = 16
+sigma = 0.01
+lr = 0.01
+[run]
+generations = 2
+[task]
+name = "countdown"
+"#,
+        )
+        .unwrap_err();
+        assert!(
+            format!("{e}").contains("use [problem] name = \"qwen2\""),
+            "{e}"
+        );
+        let e = parse_with("size = \"tiny\"\nseq = 8", "[task]\nname = \"countdown\"\n");
+        assert!(format!("{e}").contains("problem.seq with a [task]"), "{e}");
+    }
+}

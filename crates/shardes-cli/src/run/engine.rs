@@ -1,0 +1,73 @@
+//! What `shardes run` steps: the fused generation program, or a reward run (decode,
+//! score on the host, `tell`) with held-out evaluations.
+
+use std::collections::BTreeMap;
+
+use anyhow::Result;
+use shardes::hlo::params::ParamTree;
+use shardes::{BuildTimes, Trainer};
+
+use super::reward::RewardRun;
+
+/// One generation's outcome.
+pub(super) struct StepOut {
+    /// The fitness `tell` used (lower is better).
+    pub fitness: Vec<f32>,
+    /// Scalars logged beside the fitness (`extra` in `metrics.jsonl`).
+    pub extra: BTreeMap<String, f64>,
+}
+
+/// A run's stepper.
+pub(super) enum Engine {
+    /// One program per generation (the model's loss in the program).
+    Fused(Trainer),
+    /// Decoding program + host reward + tell program.
+    Reward(Box<RewardRun>),
+}
+
+impl Engine {
+    /// Runs one generation.
+    pub fn step(&mut self) -> Result<StepOut> {
+        match self {
+            Engine::Fused(t) => Ok(StepOut {
+                fitness: t.step()?,
+                extra: BTreeMap::new(),
+            }),
+            Engine::Reward(r) => r.step(),
+        }
+    }
+
+    /// The parameters, copied to the host.
+    pub fn params(&self) -> Result<ParamTree> {
+        Ok(match self {
+            Engine::Fused(t) => t.params()?,
+            Engine::Reward(r) => r.params()?,
+        })
+    }
+
+    /// The generation the next step runs.
+    pub fn generation(&self) -> u32 {
+        match self {
+            Engine::Fused(t) => t.generation(),
+            Engine::Reward(r) => r.generation(),
+        }
+    }
+
+    /// Emit and compile times.
+    pub fn build_times(&self) -> BuildTimes {
+        match self {
+            Engine::Fused(t) => t.build_times(),
+            Engine::Reward(r) => r.build_times(),
+        }
+    }
+
+    /// Evaluates on held-out prompts when `done` generations call for it (a reward run with
+    /// `[eval]`): at 0, every `eval.every` and, with `last`, at the end. Returns the line
+    /// to print.
+    pub fn evaluate_if_due(&mut self, done: u32, last: bool) -> Result<Option<String>> {
+        match self {
+            Engine::Fused(_) => Ok(None),
+            Engine::Reward(r) => r.evaluate_if_due(done, last),
+        }
+    }
+}

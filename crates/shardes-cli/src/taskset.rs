@@ -1,0 +1,145 @@
+//! From `[task]` to the library's task and text codec (shared by `shardes run` and
+//! `shardes generate`).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Result;
+use shardes::finetune::{RewardTask, TextCodec, TextTask};
+use shardes::tasks::chat::ChatTemplate;
+use shardes::tasks::countdown::{CountdownConfig, CountdownTask, PromptStyle};
+use shardes::tasks::jsonl::JsonlTask;
+use shardes::tasks::target_token::{TargetToken, TargetTokenConfig};
+use shardes::tasks::TaskError;
+use shardes::tokenizer::Tokenizer;
+
+use crate::config::{Config, ConfigError, ProblemConfig, TaskConfig};
+
+/// A task error as a config error naming the `[task]` key to change.
+pub fn task_error(e: TaskError) -> anyhow::Error {
+    let hint = match &e {
+        TaskError::Config(_) => "change that [task] key".to_string(),
+        TaskError::NoChatTemplate { .. } => {
+            "set task.chat = false, or point problem.checkpoint at an Instruct model".into()
+        }
+        TaskError::MalformedLine { .. } | TaskError::EmptyTaskFile { .. } => {
+            "fix the file named above (task.train or task.held_out)".into()
+        }
+        TaskError::Read { .. } => "check task.train / task.held_out".into(),
+        _ => "check the [task] section".into(),
+    };
+    ConfigError::new(format!("task: {e}"), hint).into()
+}
+
+/// The task of `t`; `vocab` is the model's vocabulary (for `target_token`).
+pub fn task(t: &TaskConfig, vocab: usize) -> Result<Box<dyn RewardTask>> {
+    Ok(match t.name.as_str() {
+        "countdown" => {
+            let d = CountdownConfig::default();
+            let style = match t.style.as_deref() {
+                Some("base") => PromptStyle::Base,
+                Some("compact") => PromptStyle::Compact,
+                _ => PromptStyle::Instruction,
+            };
+            let c = CountdownConfig {
+                min_numbers: t.min_numbers.unwrap_or(d.min_numbers),
+                max_numbers: t.max_numbers.unwrap_or(d.max_numbers),
+                min_number: t.min_number.unwrap_or(d.min_number),
+                max_number: t.max_number.unwrap_or(d.max_number),
+                max_target: t.max_target.unwrap_or(d.max_target),
+                eval_seed: t.eval_seed.unwrap_or(d.eval_seed),
+                prompt: style,
+            };
+            Box::new(TextTask::new(CountdownTask::new(c).map_err(task_error)?))
+        }
+        "jsonl" => {
+            let train = t.train.as_deref().ok_or_else(|| {
+                ConfigError::new(
+                    "task \"jsonl\" needs task.train",
+                    "set task.train = \"FILE\"",
+                )
+            })?;
+            let task = JsonlTask::open(train, t.held_out.as_deref()).map_err(task_error)?;
+            Box::new(TextTask::new(task))
+        }
+        "target_token" => {
+            let token = t.token.ok_or_else(|| {
+                ConfigError::new("task \"target_token\" needs task.token", "set task.token")
+            })?;
+            let vocab = u32::try_from(vocab).unwrap_or(u32::MAX);
+            Box::new(
+                TargetToken::new(TargetTokenConfig {
+                    token,
+                    vocab,
+                    prompt_tokens: t.prompt_tokens.unwrap_or(4),
+                })
+                .map_err(task_error)?,
+            )
+        }
+        other => {
+            return Err(ConfigError::new(
+                format!("task.name: unknown task \"{other}\""),
+                "use countdown, jsonl or target_token",
+            )
+            .into())
+        }
+    })
+}
+
+/// The checkpoint directory and tokenizer file of a `qwen2` problem.
+fn qwen2_files(problem: &ProblemConfig) -> (Option<PathBuf>, Option<PathBuf>) {
+    match problem {
+        ProblemConfig::Qwen2 {
+            checkpoint,
+            tokenizer,
+            ..
+        } => {
+            let tok = tokenizer.clone().or_else(|| {
+                checkpoint
+                    .as_ref()
+                    .map(|d| d.join("tokenizer.json"))
+                    .filter(|p| p.is_file())
+            });
+            (checkpoint.clone(), tok)
+        }
+        _ => (None, None),
+    }
+}
+
+/// The codec of `config`: the problem's tokenizer (when it has one) and, with
+/// `task.chat`, the checkpoint's chat template.
+pub fn codec(config: &Config, t: &TaskConfig) -> Result<TextCodec> {
+    let (checkpoint, tok) = qwen2_files(&config.problem);
+    let tokenizer = match &tok {
+        Some(p) => Some(Tokenizer::from_file(p).map_err(|e| {
+            ConfigError::new(
+                format!("problem.tokenizer: {e}"),
+                "point problem.tokenizer (or the checkpoint) at a Hugging Face tokenizer.json",
+            )
+        })?),
+        None => None,
+    };
+    let text_task = t.name != "target_token";
+    if text_task && tokenizer.is_none() {
+        return Err(ConfigError::new(
+            format!(
+                "task \"{}\" has text prompts but the problem has no tokenizer",
+                t.name
+            ),
+            "set problem.tokenizer, or use a checkpoint directory with a tokenizer.json",
+        )
+        .into());
+    }
+    let chat = if t.chat() {
+        let dir: &Path = checkpoint.as_deref().ok_or_else(|| {
+            ConfigError::new(
+                "task.chat = true needs problem.checkpoint (the chat template is in its \
+                 tokenizer_config.json)",
+                "point problem.checkpoint at an Instruct checkpoint, or set task.chat = false",
+            )
+        })?;
+        Some(ChatTemplate::from_checkpoint(dir).map_err(task_error)?)
+    } else {
+        None
+    };
+    Ok(TextCodec::new(tokenizer, chat, t.system.clone()))
+}
