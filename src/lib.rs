@@ -7,6 +7,7 @@
 //! - [`runtime`] runs them through a PJRT plugin;
 //! - [`problem`] turns a problem description into a model, parameters, a batch and a key;
 //! - [`trainer`] keeps an ES run's state on the devices and steps it;
+//! - [`outputs`] runs a population that returns outputs (tokens) for host rewards;
 //! - [`io`] reads and writes parameter trees as safetensors;
 //! - [`tensorboard`] writes per-generation scalars as TensorBoard event files.
 //!
@@ -22,6 +23,7 @@ pub mod dtype;
 #[cfg(feature = "models")]
 pub mod hf;
 pub mod io;
+pub mod outputs;
 pub mod problem;
 pub mod process;
 pub mod rundir;
@@ -33,6 +35,7 @@ pub mod tensorboard;
 pub mod tokenizer;
 pub mod trainer;
 
+pub use outputs::{HostArray, HostData, OutputsRunner};
 #[cfg(feature = "models")]
 pub use problem::qwen2::{Qwen2Source, Qwen2Weights};
 pub use problem::{Problem, ProblemError};
