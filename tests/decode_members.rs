@@ -46,7 +46,14 @@ fn prompts(seed: u64, vocab: usize) -> Vec<i32> {
 }
 
 fn es(strategy: &str, devices: usize) -> ShardedES {
-    ShardedES::new(from_spec(&strategy.parse().unwrap()), N, SIGMA, 0.01, devices).unwrap()
+    ShardedES::new(
+        from_spec(&strategy.parse().unwrap()),
+        N,
+        SIGMA,
+        0.01,
+        devices,
+    )
+    .unwrap()
 }
 
 fn decode(
@@ -80,7 +87,11 @@ fn decode(
         ])
         .unwrap();
     assert_eq!(out[0].dims, [N, B, T]);
-    assert_eq!(out[1].as_i32().unwrap(), vec![T as i32; N * B], "no EOS: full length");
+    assert_eq!(
+        out[1].as_i32().unwrap(),
+        vec![T as i32; N * B],
+        "no EOS: full length"
+    );
     out[0].as_i32().unwrap().to_vec()
 }
 
@@ -91,7 +102,10 @@ fn each_member_decodes_what_its_materialized_perturbation_decodes() {
     let ids = prompts(1, cfg.vocab_size);
     let oracle = Greedy::new(&client, &cfg, &tree, B, P, T);
     let (plain, gap) = oracle.decode(&tree, &ids);
-    assert!(gap > MIN_GAP, "the unperturbed decode has a near tie ({gap})");
+    assert!(
+        gap > MIN_GAP,
+        "the unperturbed decode has a near tie ({gap})"
+    );
     let k = key(21).unwrap();
     let generation = 3;
     let base = base_key(k, generation);
@@ -124,8 +138,14 @@ fn each_member_decodes_what_its_materialized_perturbation_decodes() {
             checked += 1;
             differ += usize::from(want != plain);
         }
-        assert!(checked >= 4, "{strategy}: only {checked} members without a near tie");
-        assert!(differ > 0, "{strategy}: σ too small to change any member's tokens");
+        assert!(
+            checked >= 4,
+            "{strategy}: only {checked} members without a near tie"
+        );
+        assert!(
+            differ > 0,
+            "{strategy}: σ too small to change any member's tokens"
+        );
     }
 }
 

@@ -87,9 +87,20 @@ pub struct Greedy {
 
 impl Greedy {
     /// Both programs for `b × p` prompts and `t` new tokens (`tree` gives the shapes).
-    pub fn new(client: &Client, cfg: &Qwen2Config, tree: &ParamTree, b: usize, p: usize, t: usize) -> Greedy {
-        let g = Qwen2::new(cfg.clone(), b, p).greedy_program(tree, p, t).unwrap();
-        let l = Qwen2::new(cfg.clone(), b, p + t).logits_program(tree).unwrap();
+    pub fn new(
+        client: &Client,
+        cfg: &Qwen2Config,
+        tree: &ParamTree,
+        b: usize,
+        p: usize,
+        t: usize,
+    ) -> Greedy {
+        let g = Qwen2::new(cfg.clone(), b, p)
+            .greedy_program(tree, p, t)
+            .unwrap();
+        let l = Qwen2::new(cfg.clone(), b, p + t)
+            .logits_program(tree)
+            .unwrap();
         Greedy {
             greedy: OneDevice::new(client, &g.to_mlir()),
             logits: OneDevice::new(client, &l.to_mlir()),

@@ -90,6 +90,50 @@ pub trait Decoder {
     }
 }
 
+/// A decoder whose positions are bounded (a checkpoint's `max_position_embeddings`):
+/// everything else is `inner`'s.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Bounded<D> {
+    /// The model.
+    pub inner: D,
+    /// The most positions it supports.
+    pub max_positions: usize,
+}
+
+impl<D: Decoder> Decoder for Bounded<D> {
+    fn vocab(&self) -> i64 {
+        self.inner.vocab()
+    }
+
+    fn max_positions(&self) -> Option<usize> {
+        Some(self.max_positions)
+    }
+
+    fn prefill(
+        &self,
+        params: &ModelParams,
+        ids: &Value,
+        lens: &Value,
+        slots: i64,
+    ) -> Result<(Act, Vec<Act>), EsError> {
+        self.inner.prefill(params, ids, lens, slots)
+    }
+
+    fn step(
+        &self,
+        params: &ModelParams,
+        ids: &Act,
+        at: &StepAt,
+        cache: Vec<Act>,
+    ) -> Result<(Act, Vec<Act>), EsError> {
+        self.inner.step(params, ids, at, cache)
+    }
+
+    fn member_bytes(&self, shape: &DecodeShape) -> Option<usize> {
+        self.inner.member_bytes(shape)
+    }
+}
+
 /// How the plain program decodes a chunk of members that share the parameters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PlainRows {
@@ -200,7 +244,12 @@ impl<D: Decoder> DecodeSpec<D> {
             }
         }
         let v = self.decoder.vocab();
-        for (what, id) in self.eos.iter().map(|&e| ("EOS", e)).chain([("pad", self.pad)]) {
+        for (what, id) in self
+            .eos
+            .iter()
+            .map(|&e| ("EOS", e))
+            .chain([("pad", self.pad)])
+        {
             if i64::from(id) >= v {
                 return Err(bad(
                     format!("{what} id {id} is outside the vocabulary of {v} tokens"),
@@ -349,12 +398,7 @@ impl<'a, D: Decoder> Decoding<'a, D> {
         Ok(out)
     }
 
-    fn run(
-        &self,
-        params: &ModelParams,
-        prompt: &Value,
-        lens: &Value,
-    ) -> Result<Vec<Act>, EsError> {
+    fn run(&self, params: &ModelParams, prompt: &Value, lens: &Value) -> Result<Vec<Act>, EsError> {
         let f = prompt.func();
         let s = self.spec.shape;
         let (p, t_max) = (s.prompt_len as i64, s.max_new as i64);

@@ -116,7 +116,10 @@ pub(crate) fn choose(
         let cum = upto.select(&e, &zero)?.reduce_sum(&[last])?;
         let over = cum.gt(&target)?;
         let next_lo = mid.add(&f.scalar(1i32)?)?;
-        Ok::<_, EsError>(vec![over.select(&c[0], &next_lo)?, over.select(&mid, &c[1])?])
+        Ok::<_, EsError>(vec![
+            over.select(&c[0], &next_lo)?,
+            over.select(&mid, &c[1])?,
+        ])
     })?;
     let tok = out[0].clone();
     // A token of zero mass can only come from rounding at the top of the range (u · total

@@ -158,7 +158,10 @@ impl Qwen2 {
             let r = at_slot.len();
             at_slot[r - 2] = at.slot.clone();
             let refs: Vec<&Value> = at_slot.iter().collect();
-            rewrap(&cache, cache.value().dynamic_update_slice(x.value(), &refs)?)
+            rewrap(
+                &cache,
+                cache.value().dynamic_update_slice(x.value(), &refs)?,
+            )
         };
         let (kc, vc) = (write(&kc, &k)?, write(&vc, &v)?);
         // Query heads h = kv·rep + j read KV head kv: [R, H, 1, hd] -> [R, KV, rep, hd].
@@ -288,7 +291,10 @@ impl Decoder for Qwen2 {
             x = x.add(&self.mlp(p, l, &h)?)?;
         }
         let logits = self.head(p, &x)?;
-        Ok((reshape(&logits, &[rows, self.config.vocab_size as i64])?, out))
+        Ok((
+            reshape(&logits, &[rows, self.config.vocab_size as i64])?,
+            out,
+        ))
     }
 
     /// The largest of: the prefill's widest activation (`B × P × max(d, I, V)` at 4
@@ -301,7 +307,11 @@ impl Decoder for Qwen2 {
             .saturating_mul(shape.prompt_len)
             .saturating_mul(width)
             .saturating_mul(4);
-        let bytes = if self.compute_dtype == DType::BF16 { 2 } else { 4 };
+        let bytes = if self.compute_dtype == DType::BF16 {
+            2
+        } else {
+            4
+        };
         let kv = shape
             .batch
             .saturating_mul(c.num_key_value_heads)
