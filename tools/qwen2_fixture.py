@@ -183,8 +183,10 @@ def write_generate(out: Path) -> None:
     cases = []
     own = [0]
     first = [greedy_until_eos(model, p, own)[0] for p in prompt_ids]
-    # An EOS id the model does emit: the third token of the first completion.
-    emitted = [first[0][2], 0]
+    # An EOS id the model does emit mid-completion: the first token of the first
+    # completion, from its third on, that it has not emitted before.
+    c0 = first[0]
+    emitted = [next(t for i, t in enumerate(c0) if i >= 2 and t not in c0[:i]), 0]
     for eos in [own, emitted]:
         completions, margin = [], float("inf")
         for p in prompt_ids:
