@@ -284,12 +284,13 @@ impl OutputsRunner {
     pub fn tell(&mut self, fitness: &HostFitness) -> Result<(), Error> {
         let values = fitness.to_f32()?;
         let layout = &self.tell_layout;
-        if values.len() != layout.n {
+        if values.len() != layout.n * layout.tasks {
             return Err(Error::Invalid(format!(
-                "tell got {} fitness values but the population has n = {} members; pass one \
-                 value per member, in member order",
+                "tell got {} fitness values but the population has n = {} members × {} \
+                 columns; pass one value per member and column, in member order",
                 values.len(),
-                layout.n
+                layout.n,
+                layout.tasks
             )));
         }
         let devices = self.state.devices();

@@ -20,7 +20,7 @@ pub use source::{load_qwen2, LoadedQwen2};
 pub use shardes_hlo::decode::{Bounded, DecodeShape, DecodeSpec, Decoder, PlainRows, Sampling};
 
 use shardes_hlo::es::strategy::LowRank;
-use shardes_hlo::es::{leaf_infos, Layout, ShardedES};
+use shardes_hlo::es::{leaf_infos, Layout, ShardedES, WithTasks};
 use shardes_hlo::params::ParamTree;
 use shardes_hlo::prng::Key;
 use shardes_runtime::{Client, Executable};
@@ -45,6 +45,9 @@ pub struct DecodeConfig {
     pub pad: u32,
     /// Greedy or sampled (with the members' sampling keys).
     pub sampling: Sampling,
+    /// Fitness columns per member that [`PopulationDecoder::tell`] takes: 1, or one per
+    /// prompt (`batch`) for `group_relative` shaping.
+    pub groups: usize,
 }
 
 impl DecodeConfig {
@@ -58,6 +61,7 @@ impl DecodeConfig {
             eos: Vec::new(),
             pad: 0,
             sampling: Sampling::Greedy,
+            groups: 1,
         }
     }
 
@@ -172,7 +176,8 @@ impl PopulationDecoder {
     ) -> Result<PopulationDecoder, Error> {
         let vocab = usize::try_from(decoder.vocab()).unwrap_or(0);
         let spec = config.spec(decoder.clone())?;
-        let runner = OutputsRunner::with_state(client, es, &spec, params, key, generation)?;
+        let grouped = WithTasks(&spec, config.groups);
+        let runner = OutputsRunner::with_state(client, es, &grouped, params, key, generation)?;
         // Evaluation: the unperturbed parameters, one member per device, greedy.
         let devices = es.devices();
         let eval_es = ShardedES::new(

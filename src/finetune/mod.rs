@@ -17,6 +17,7 @@
 //! and reports mean reward, accuracy (reward = 1), format rate (reward > 0), mean length
 //! and the distance of the parameters from where the run started ([`EvalRecord`]).
 
+mod decoder;
 mod evals;
 mod task;
 mod text;
@@ -484,5 +485,116 @@ mod tests {
         assert!((e.mean_reward - expect.iter().sum::<f64>() / 5.0).abs() < 1e-6);
         assert_eq!(e.mean_length, 4.0);
         assert_eq!(e.samples.len(), 2);
+    }
+}
+
+#[cfg(test)]
+mod containment {
+    use super::*;
+    use crate::tasks::{Reward, Task, TaskError, TaskItem};
+
+    struct Item(String);
+    impl TaskItem for Item {
+        fn prompt(&self) -> &str {
+            &self.0
+        }
+    }
+
+    /// A reward that returns NaN for completions containing "9" and panics on "8".
+    struct Hostile;
+    impl Reward<Item> for Hostile {
+        fn score(&self, _: &Item, completion: &str) -> f32 {
+            if completion.contains('8') {
+                panic!("hostile reward");
+            }
+            if completion.contains('9') {
+                f32::NAN
+            } else {
+                completion.len() as f32
+            }
+        }
+    }
+
+    struct Echo;
+    impl Task for Echo {
+        type Item = Item;
+        fn name(&self) -> &str {
+            "echo"
+        }
+        fn train(&self, _: u64, _: u32, count: usize) -> Result<Vec<Item>, TaskError> {
+            Ok((0..count).map(|i| Item(i.to_string())).collect())
+        }
+        fn held_out(&self, count: usize) -> Result<Vec<Item>, TaskError> {
+            self.train(0, 0, count)
+        }
+        fn reward(&self) -> &dyn Reward<Item> {
+            &Hostile
+        }
+    }
+
+    /// Member `i` answers with ids `[i; i + 1]` (text: the ids joined).
+    struct Members(usize);
+    impl Sampler for Members {
+        fn population(&self) -> usize {
+            self.0
+        }
+        fn generation(&self) -> u32 {
+            0
+        }
+        fn decode(&mut self, prompts: &[Vec<u32>]) -> Result<Vec<Vec<Vec<u32>>>, Error> {
+            Ok((0..self.0)
+                .map(|i| prompts.iter().map(|_| vec![i as u32; i + 1]).collect())
+                .collect())
+        }
+        fn decode_plain(&mut self, prompts: &[Vec<u32>]) -> Result<Vec<Vec<u32>>, Error> {
+            Ok(prompts.to_vec())
+        }
+        fn tell(&mut self, _: Vec<f32>) -> Result<(), Error> {
+            Ok(())
+        }
+        fn params(&self) -> Result<ParamTree, Error> {
+            Ok(ParamTree::map(Vec::<(String, ParamTree)>::new()))
+        }
+    }
+
+    /// A NaN and a panicking reward are contained: those members rank last with a finite
+    /// fitness, and the count is reported.
+    #[test]
+    fn failing_rewards_rank_worst_and_are_counted() {
+        let codec = TextCodec::new(None, None, None);
+        let settings = RewardSettings {
+            seed: 0,
+            prompts: 2,
+            grouped: false,
+        };
+        // Prompts are text; a codec without a tokenizer refuses them, so feed ids.
+        let task = TextTask::new(Echo);
+        let mut lp = RewardLoop::new(Box::new(task), codec, Members(10), settings, None).unwrap();
+        let e = lp.step().unwrap_err().to_string();
+        assert!(e.contains("needs a tokenizer"), "{e}");
+
+        let scores = TextTask::new(Echo)
+            .train(0, 0, 1)
+            .unwrap()
+            .score(&[
+                Completion {
+                    ids: vec![],
+                    text: "1 1".into(),
+                },
+                Completion {
+                    ids: vec![],
+                    text: "9".into(),
+                },
+                Completion {
+                    ids: vec![],
+                    text: "8".into(),
+                },
+            ])
+            .unwrap();
+        let hook = std::panic::take_hook();
+        std::panic::set_hook(hook);
+        assert_eq!(scores.contained.len(), 2);
+        assert!(scores.rewards.iter().all(|r| r.is_finite()));
+        assert!(scores.rewards[1] < scores.rewards[0] && scores.rewards[2] < scores.rewards[0]);
     }
 }

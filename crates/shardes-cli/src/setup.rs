@@ -29,6 +29,9 @@ pub struct Setup {
     pub problem: Problem,
     /// The PJRT client (plugin from the config, or the provisioned CPU plugin).
     pub client: Client,
+    /// For a `[task]` run: the decoding model's config, EOS and pad ids and positions (its
+    /// parameters are [`Setup::problem`]'s).
+    pub decode: Option<shardes::decode::LoadedQwen2>,
 }
 
 /// The ES of `config` (strategy, n, sigma, lr, shaping, placement, chunk, noise budget):
@@ -256,16 +259,90 @@ pub fn client_for(plugin: Option<&str>, devices: usize) -> anyhow::Result<Client
     }
 }
 
-/// Turns a config into everything a run needs: [`problem`] plus [`client`].
+/// Turns a config into everything a run needs: [`problem`] (or, for a `[task]` config,
+/// the model to decode with) plus [`client`].
 pub fn build(config: &Config) -> anyhow::Result<Setup> {
-    let (es, problem) = problem(config)?;
+    let (es, problem, decode) = match &config.task {
+        Some(_) => {
+            let (problem, loaded) = decoding_problem(config)?;
+            (self::es(config)?, problem, Some(loaded))
+        }
+        None => {
+            let (es, problem) = problem(config)?;
+            (es, problem, None)
+        }
+    };
     let client = client(config)?;
     Ok(Setup {
         config: config.clone(),
         es,
         problem,
         client,
+        decode,
     })
+}
+
+/// A `[task]` config's model: the parameters (as a [`Problem`] with no batch, so the run's
+/// checkpoint, resume and finiteness checks treat them as any problem's) and the rest of
+/// the loaded checkpoint (config, EOS and pad ids, positions) for the decoding programs.
+pub fn decoding_problem(
+    config: &Config,
+) -> anyhow::Result<(Problem, shardes::decode::LoadedQwen2)> {
+    let ProblemConfig::Qwen2 {
+        checkpoint,
+        size,
+        compute_dtype,
+        ..
+    } = &config.problem
+    else {
+        anyhow::bail!("a [task] needs a qwen2 problem");
+    };
+    let weights = match (checkpoint, size) {
+        (Some(dir), _) => Qwen2Weights::Checkpoint(dir.clone()),
+        (None, Some(size)) => Qwen2Weights::Random(size.clone()),
+        (None, None) => {
+            return Err(ConfigError::new(
+                "problem \"qwen2\" needs problem.checkpoint or problem.size",
+                "add checkpoint = \"DIR\" or size = \"tiny\"",
+            )
+            .into())
+        }
+    };
+    let dtype = match compute_dtype.as_deref() {
+        Some("bf16") => DType::BF16,
+        _ => DType::F32,
+    };
+    let mut loaded =
+        shardes::decode::load_qwen2(&weights, dtype, config.run.seed).map_err(problem_error)?;
+    let params = std::mem::replace(
+        &mut loaded.params,
+        shardes::hlo::params::ParamTree::map(
+            Vec::<(String, shardes::hlo::params::ParamTree)>::new(),
+        ),
+    );
+    let c = &loaded.config;
+    let summary = format!(
+        "qwen2 ({}, {} layers, d {}, vocab {}) decoding",
+        match &weights {
+            Qwen2Weights::Checkpoint(d) => d.display().to_string(),
+            Qwen2Weights::Random(s) => format!("random {s}"),
+        },
+        c.num_hidden_layers,
+        c.hidden_size,
+        c.vocab_size
+    );
+    let model =
+        shardes::hlo::problems::qwen2::Qwen2::new(c.clone(), 1, 1).with_compute_dtype(dtype);
+    Ok((
+        Problem {
+            model: Box::new(model),
+            params,
+            batch: Vec::new(),
+            key: loaded.key,
+            summary,
+        },
+        loaded,
+    ))
 }
 
 /// A problem error as [`config_error`] words it, and a memory error as the config

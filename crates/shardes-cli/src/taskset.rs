@@ -137,6 +137,17 @@ pub fn codec(config: &Config, t: &TaskConfig) -> Result<TextCodec> {
                 "point problem.checkpoint at an Instruct checkpoint, or set task.chat = false",
             )
         })?;
+        if !dir.join("tokenizer_config.json").is_file() {
+            return Err(ConfigError::new(
+                format!(
+                    "task.chat = true: {} has no chat template (no tokenizer_config.json)",
+                    dir.display()
+                ),
+                "set task.chat = false, or point problem.checkpoint at an Instruct checkpoint \
+                 with its tokenizer_config.json",
+            )
+            .into());
+        }
         Some(ChatTemplate::from_checkpoint(dir).map_err(task_error)?)
     } else {
         None

@@ -441,6 +441,6 @@ name = "countdown"
             "{e}"
         );
         let e = parse_with("size = \"tiny\"\nseq = 8", "[task]\nname = \"countdown\"\n");
-        assert!(format!("{e}").contains("problem.seq with a [task]"), "{e}");
+        assert!(e.contains("problem.seq with a [task]"), "{e}");
     }
 }

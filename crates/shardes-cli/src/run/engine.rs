@@ -18,6 +18,7 @@ pub(super) struct StepOut {
 }
 
 /// A run's stepper.
+#[allow(clippy::large_enum_variant)] // one per run: boxing the trainer buys nothing
 pub(super) enum Engine {
     /// One program per generation (the model's loss in the program).
     Fused(Trainer),

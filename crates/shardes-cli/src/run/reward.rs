@@ -4,14 +4,22 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::time::Instant;
 
 use anyhow::{Context, Result};
-use shardes::finetune::{EvalRecord, EvalWriter, RewardLoop, Sampler};
+use shardes::decode::{DecodeError, LoadedQwen2};
+use shardes::finetune::{
+    EvalRecord, EvalWriter, RewardLoop, RewardSettings, RewardTask, Sampler, TextCodec,
+};
+use shardes::hlo::decode::Sampling;
+use shardes::hlo::es::ShapingSpec;
 use shardes::hlo::params::ParamTree;
-use shardes::BuildTimes;
+use shardes::{BuildTimes, DecodeConfig, PopulationDecoder};
 
 use super::engine::StepOut;
-use crate::config::EvalConfig;
+use crate::config::{Config, ConfigError, EvalConfig, TaskConfig};
+use crate::setup::Setup;
+use crate::taskset;
 
 /// The eval log's file name in the out directory.
 pub(crate) const EVAL_LOG: &str = "eval.jsonl";
@@ -52,7 +60,7 @@ impl RewardRun {
     /// One generation; the metrics' extras are the mean reward, accuracy, format rate,
     /// tokens per second and (when any) the contained reward failures.
     pub fn step(&mut self) -> Result<StepOut> {
-        let r = self.lp.step()?;
+        let r = self.lp.step().map_err(too_long)?;
         let mut extra = BTreeMap::new();
         extra.insert("reward".to_string(), r.mean_reward);
         extra.insert("accuracy".to_string(), r.accuracy);
@@ -105,6 +113,56 @@ impl RewardRun {
     }
 }
 
+/// A prompt longer than the compiled slots as the config error naming the key.
+fn too_long(e: shardes::Error) -> anyhow::Error {
+    match e {
+        shardes::Error::Decode(DecodeError::PromptTooLong {
+            index,
+            len,
+            prompt_len,
+        }) => prompt_len_error(index, len, prompt_len),
+        other => other.into(),
+    }
+}
+
+fn prompt_len_error(index: usize, len: usize, prompt_len: usize) -> anyhow::Error {
+    ConfigError::new(
+        format!("task.prompt_len = {prompt_len}: prompt {index} has {len} tokens"),
+        format!(
+            "raise task.prompt_len to at least {len} (prompt_len + max_new_tokens must fit \
+             the model's positions), or shorten the prompts"
+        ),
+    )
+    .into()
+}
+
+/// Refuses, before anything is compiled, a first generation's or held-out prompt that
+/// does not fit `prompt_len` (later generations' prompts are checked as they come).
+fn check_prompts(
+    task: &dyn RewardTask,
+    codec: &TextCodec,
+    config: &Config,
+    start: u32,
+    prompt_len: usize,
+) -> Result<()> {
+    let t = config.task.as_ref().map_or(1, TaskConfig::prompts);
+    let mut batches = vec![task
+        .train(config.run.seed, start, t)
+        .map_err(taskset::task_error)?];
+    if let Some(e) = &config.eval {
+        batches.push(task.held_out(e.prompts).map_err(taskset::task_error)?);
+    }
+    for b in &batches {
+        for (index, p) in b.prompts.iter().enumerate() {
+            let len = codec.encode(p)?.len();
+            if len > prompt_len {
+                return Err(prompt_len_error(index, len, prompt_len));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The progress line of an evaluation.
 fn eval_line(r: &EvalRecord) -> String {
     format!(
@@ -114,8 +172,102 @@ fn eval_line(r: &EvalRecord) -> String {
     )
 }
 
-/// Builds the reward run of `s` (a config with a `[task]`), resuming at `start`.
-pub(crate) fn build(s: &crate::setup::Setup, start: u32) -> Result<RewardRun> {
-    let _ = (s, start);
-    anyhow::bail!("[task] runs are not wired in this build yet")
+/// The decode config of a `[task]`: its batch geometry, EOS ids (the task's, else the
+/// checkpoint's), pad id and sampling; one fitness column per prompt for
+/// `group_relative`.
+pub(crate) fn decode_config(
+    config: &Config,
+    task: &TaskConfig,
+    loaded: &LoadedQwen2,
+) -> Result<DecodeConfig> {
+    let mut d = loaded.decode_config(task.prompts(), task.prompt_len(), task.max_new_tokens());
+    if let Some(eos) = &task.eos {
+        d.eos = eos.clone();
+        if loaded.pad.is_none() {
+            d.pad = eos.first().copied().unwrap_or(0);
+        }
+    }
+    let vocab = loaded.config.vocab_size;
+    if let Some(bad) = d.eos.iter().find(|&&t| t as usize >= vocab) {
+        return Err(ConfigError::new(
+            format!("task.eos: id {bad} is not below the vocabulary size {vocab}"),
+            "use the tokenizer's end-of-sequence ids",
+        )
+        .into());
+    }
+    if task.temperature() > 0.0 {
+        d.sampling = Sampling::Sample {
+            temperature: task.temperature() as f32,
+            top_p: task.top_p() as f32,
+        };
+    }
+    let grouped = config.es.shaping == ShapingSpec::GroupRelative;
+    if grouped {
+        d.groups = task.prompts();
+    }
+    if let Some(max) = loaded.max_positions {
+        let need = task.prompt_len() + task.max_new_tokens();
+        if need > max {
+            return Err(ConfigError::new(
+                format!(
+                    "task.prompt_len + task.max_new_tokens = {need} exceeds the model's {max} \
+                     positions (max_position_embeddings)"
+                ),
+                format!("lower task.prompt_len or task.max_new_tokens to fit {max} positions"),
+            )
+            .into());
+        }
+    }
+    Ok(d)
+}
+
+/// Builds the reward run of `s` (a config with a `[task]`) on its parameters (resumed
+/// ones when `start > 0`) at generation `start`.
+pub(crate) fn build(s: &Setup, start: u32) -> Result<RewardRun> {
+    let config = &s.config;
+    let (Some(task_cfg), Some(loaded)) = (&config.task, &s.decode) else {
+        anyhow::bail!("a reward run needs a [task] and a qwen2 problem");
+    };
+    let task = taskset::task(task_cfg, loaded.config.vocab_size)?;
+    let codec = taskset::codec(config, task_cfg)?;
+    let dc = decode_config(config, task_cfg, loaded)?;
+    check_prompts(&*task, &codec, config, start, dc.prompt_len)?;
+    let t0 = Instant::now();
+    let decoder = PopulationDecoder::with_state(
+        &s.client,
+        &s.es,
+        loaded.decoder(&dc),
+        &s.problem.params,
+        s.problem.key,
+        start,
+        dc.clone(),
+    )
+    .context("building the decoding programs")?;
+    let compile_ms = t0.elapsed().as_secs_f64() * 1e3;
+    // The starting parameters, for the eval's distance; a resumed run rebuilds them from
+    // the config (the checkpoint or the seed).
+    let init = if config.eval.is_some() {
+        Some(if start == 0 {
+            s.problem.params.clone()
+        } else {
+            crate::setup::decoding_problem(config)?.0.params
+        })
+    } else {
+        None
+    };
+    let settings = RewardSettings {
+        seed: config.run.seed,
+        prompts: task_cfg.prompts(),
+        grouped: config.es.shaping == ShapingSpec::GroupRelative,
+    };
+    let sampler: Box<dyn Sampler> = Box::new(decoder);
+    let lp = RewardLoop::new(task, codec, sampler, settings, init)?;
+    Ok(RewardRun::new(
+        lp,
+        config.eval.clone(),
+        BuildTimes {
+            emit_ms: 0.0,
+            compile_ms,
+        },
+    ))
 }

@@ -78,6 +78,43 @@ pub trait MemberOutputs {
     fn member_bytes(&self) -> Option<usize> {
         None
     }
+
+    /// Fitness columns per member that the paired tell program takes (1, or `g` groups for
+    /// `group_relative`, e.g. one per prompt of a reward run), as [`Model::tasks`].
+    fn tasks(&self) -> usize {
+        1
+    }
+}
+
+/// `model` with `tasks` fitness columns per member for its tell program (the outputs are
+/// `model`'s own).
+pub struct WithTasks<'a>(pub &'a dyn MemberOutputs, pub usize);
+
+impl MemberOutputs for WithTasks<'_> {
+    fn input_types(&self) -> Vec<(String, TensorType)> {
+        self.0.input_types()
+    }
+
+    fn output_types(&self) -> Vec<(String, TensorType)> {
+        self.0.output_types()
+    }
+
+    fn outputs(
+        &self,
+        params: &ModelParams,
+        inputs: &[Value],
+        member: &MemberInfo,
+    ) -> Result<Vec<Act>, EsError> {
+        self.0.outputs(params, inputs, member)
+    }
+
+    fn member_bytes(&self) -> Option<usize> {
+        self.0.member_bytes()
+    }
+
+    fn tasks(&self) -> usize {
+        self.1
+    }
 }
 
 /// A [`MemberOutputs`] seen as a [`Model`] with its inputs as the batch and its member
@@ -102,6 +139,10 @@ impl Model for AsModel<'_> {
 
     fn member_bytes(&self) -> Option<usize> {
         self.0.member_bytes()
+    }
+
+    fn tasks(&self) -> usize {
+        self.0.tasks()
     }
 }
 

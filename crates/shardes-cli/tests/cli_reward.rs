@@ -1,0 +1,251 @@
+//! Reward fine-tuning from the CLI (`[task]`, `[eval]`), through the real plugin: a tiny
+//! random Qwen2 learns a reward, a killed sampled run resumes bit for bit (parameters,
+//! metrics, eval lines), the Countdown example runs end to end, and bad task input is a
+//! clear error.
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+
+/// A target_token run of a tiny random Qwen2: the reward is the share of token 7 in each
+/// completion of 8 tokens.
+fn target_token(out: &Path, generations: usize, every: usize, extra: &str) -> String {
+    format!(
+        r#"
+devices = 8
+[problem]
+name = "qwen2"
+size = "tiny"
+[es]
+strategy = "mirrored(lowrank(r=1))"
+n = 64
+sigma = 0.05
+lr = 0.05
+shaping = "centered_ranks"
+[task]
+name = "target_token"
+token = 7
+prompts = 4
+prompt_tokens = 4
+prompt_len = 4
+max_new_tokens = 8
+{extra}
+[eval]
+every = {every}
+prompts = 16
+[run]
+seed = 0
+generations = {generations}
+out = "{}"
+checkpoint_every = {every}
+"#,
+        out.display()
+    )
+}
+
+/// `extra` of every metrics line, in order.
+fn extras(out: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(out.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["extra"].clone())
+        .collect()
+}
+
+fn evals(out: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(out.join("eval.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn run(config: &Path) -> std::process::Output {
+    bin()
+        .args(["run", config.to_str().unwrap()])
+        .output()
+        .unwrap()
+}
+
+/// Stated up front: from a mean reward at or below 0.1 in generation 0 (a random model
+/// emits token 7 about 1 time in 128), the population's mean reward reaches 0.5 by
+/// generation 30 and the held-out greedy reward rises above its start. Measured: 0.00 at
+/// generation 1, 0.96 at 30; held out 0 at 0, 1.0 at 30.
+#[test]
+fn a_tiny_model_learns_a_token_reward() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let cfg = write(dir.path(), "tt.toml", &target_token(&out, 30, 10, ""));
+    let o = run(&cfg);
+    let (stdout, _) = exited(&o, 0);
+    assert!(stdout.contains("reward"), "{stdout}");
+    assert!(stdout.contains("tok/s"), "{stdout}");
+    assert!(stdout.contains("eval gen 0:"), "{stdout}");
+    let x = extras(&out);
+    assert_eq!(x.len(), 30);
+    let reward = |i: usize| x[i]["reward"].as_f64().unwrap();
+    assert!(reward(0) <= 0.1, "{:?}", x[0]);
+    assert!(reward(29) >= 0.5, "generation 30: {:?}", x[29]);
+    for k in ["accuracy", "format", "tok/s"] {
+        assert!(x[29][k].as_f64().is_some(), "{k}: {:?}", x[29]);
+    }
+    let e = evals(&out);
+    let gens: Vec<u64> = e
+        .iter()
+        .map(|r| r["generation"].as_u64().unwrap())
+        .collect();
+    assert_eq!(gens, vec![0, 10, 20, 30]);
+    let held = |i: usize| e[i]["mean_reward"].as_f64().unwrap();
+    assert!(held(3) > held(0), "{e:?}");
+    assert_eq!(e[0]["l2_from_init"].as_f64(), Some(0.0));
+    assert!(e[3]["l2_from_init"].as_f64().unwrap() > 0.0);
+    assert_eq!(e[0]["samples"].as_array().unwrap().len(), 3);
+}
+
+/// Sampled decoding (temperature 0.8) with fresh prompts every generation, killed after
+/// generation 7 and resumed from its checkpoint at 6: the same parameters (bytes), the
+/// same metrics (but the timings) and the same eval lines as an uninterrupted run.
+#[test]
+fn a_killed_sampled_run_resumes_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let sampled = "temperature = 0.8\ntop_p = 0.9";
+    let whole = dir.path().join("whole");
+    let cfg = write(dir.path(), "a.toml", &target_token(&whole, 12, 3, sampled));
+    exited(&run(&cfg), 0);
+
+    let cut = dir.path().join("cut");
+    let cfg = write(dir.path(), "b.toml", &target_token(&cut, 12, 3, sampled));
+    let mut child = bin()
+        .args(["run", cfg.to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for_metrics(&cut, 7, &mut child);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let at = state(&cut)["generation"].as_u64().unwrap();
+    assert!(at < 12, "the kill came after the end");
+    let o = bin()
+        .args(["run", cfg.to_str().unwrap(), "--resume"])
+        .output()
+        .unwrap();
+    exited(&o, 0);
+
+    assert_eq!(
+        std::fs::read(whole.join("params.safetensors")).unwrap(),
+        std::fs::read(cut.join("params.safetensors")).unwrap(),
+        "parameters differ after the resume from generation {at}"
+    );
+    let strip = |mut v: Vec<serde_json::Value>| {
+        for x in &mut v {
+            x.as_object_mut().unwrap().remove("tok/s");
+        }
+        v
+    };
+    assert_eq!(strip(extras(&whole)), strip(extras(&cut)));
+    let fit = |m: Vec<Metric>| -> Vec<(u32, f64, f64, f64)> {
+        m.into_iter()
+            .map(|m| (m.generation, m.fitness_mean, m.fitness_min, m.fitness_max))
+            .collect()
+    };
+    assert_eq!(fit(metrics(&whole)), fit(metrics(&cut)));
+    assert_eq!(evals(&whole), evals(&cut));
+    assert_eq!(evals(&whole).len(), 5, "evals at 0, 3, 6, 9, 12");
+}
+
+/// The shipped Countdown example, shortened to 2 generations: decode, grade, tell and the
+/// held-out evaluation run end to end.
+#[test]
+fn the_countdown_example_runs_end_to_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(repo().join("examples/countdown_tiny.toml")).unwrap();
+    let tok = repo().join("examples/countdown_tokenizer.json");
+    let out = dir.path().join("out");
+    let text = text
+        .replace("generations = 10", "generations = 2")
+        .replace(
+            "\"examples/countdown_tokenizer.json\"",
+            &format!("\"{}\"", tok.display()),
+        )
+        .replace("\"runs/countdown_tiny\"", &format!("\"{}\"", out.display()));
+    let cfg = write(dir.path(), "cd.toml", &text);
+    let (stdout, _) = exited(&run(&cfg), 0);
+    assert!(stdout.contains("eval gen 2:"), "{stdout}");
+    let e = evals(&out);
+    assert_eq!(e.len(), 2);
+    let sample = &e[0]["samples"][0];
+    assert!(
+        sample["prompt"].as_str().unwrap().starts_with("numbers "),
+        "{sample}"
+    );
+    assert_eq!(state(&out)["generation"], 2);
+}
+
+/// Bad task input: each a config error (exit 2) naming the problem and the fix.
+#[test]
+fn bad_task_input_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = repo().join("tests/fixtures/qwen2_tiny");
+    let base = |task: &str| {
+        format!(
+            r#"
+devices = 1
+[problem]
+name = "qwen2"
+checkpoint = "{}"
+[es]
+strategy = "mirrored(lowrank(r=1))"
+n = 4
+sigma = 0.01
+lr = 0.01
+[task]
+{task}
+[run]
+generations = 1
+out = "{}"
+"#,
+            fixture.display(),
+            dir.path().join("out").display()
+        )
+    };
+    let empty = write(dir.path(), "empty.jsonl", "\n\n");
+    let bad = write(
+        dir.path(),
+        "bad.jsonl",
+        "{\"prompt\": \"a\", \"answer\": \"1\"}\n{\"prompt\": \"b\"\n",
+    );
+    let cases = [
+        (
+            format!("name = \"jsonl\"\ntrain = \"{}\"", empty.display()),
+            "is empty",
+            "task.train",
+        ),
+        (
+            format!("name = \"jsonl\"\ntrain = \"{}\"", bad.display()),
+            "bad.jsonl:2:",
+            "task.train",
+        ),
+        (
+            "name = \"countdown\"\nchat = true".to_string(),
+            "chat template",
+            "task.chat = false",
+        ),
+        (
+            "name = \"countdown\"\nprompt_len = 60\nmax_new_tokens = 16".to_string(),
+            "exceeds the model's 64 positions",
+            "lower task.prompt_len",
+        ),
+        (
+            "name = \"countdown\"\nprompt_len = 8\nmax_new_tokens = 4".to_string(),
+            "task.prompt_len = 8",
+            "raise task.prompt_len",
+        ),
+    ];
+    for (task, what, hint) in cases {
+        let cfg = write(dir.path(), "bad.toml", &base(&task));
+        refused(&["run", cfg.to_str().unwrap(), "--force"], what, hint);
+    }
+}
