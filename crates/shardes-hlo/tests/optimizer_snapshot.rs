@@ -62,3 +62,56 @@ fn sgd_noop() {
     let es = sgd().build(2).unwrap();
     insta::assert_snapshot!(text(es.noop_program(&Linear, &leaves())));
 }
+
+/// The signature and the update after `tell`'s contraction (the last manual computation)
+/// of `optimizer`'s tell program: what the optimizer adds, without the noise around it.
+fn tell_update(optimizer: &str) -> String {
+    let mut spec = sgd();
+    spec.optimizer = serde_json::from_str(optimizer).unwrap();
+    let es = spec.build(2).unwrap();
+    let text = text(es.tell_program(&Linear, &leaves()));
+    let lines: Vec<&str> = text.lines().collect();
+    let sig = lines.iter().find(|l| l.contains("func.func")).unwrap();
+    let end = lines.iter().rposition(|l| l.starts_with("    } : (")).unwrap();
+    let mut out = vec![sig.trim().to_string()];
+    out.extend(lines[end + 1..].iter().map(|l| l.to_string()));
+    out.join("\n")
+}
+
+#[test]
+fn momentum_tell() {
+    insta::assert_snapshot!(tell_update(r#""momentum""#));
+}
+
+#[test]
+fn adam_tell_with_weight_decay() {
+    insta::assert_snapshot!(tell_update(r#"{"name": "adam", "weight_decay": 0.01}"#));
+}
+
+#[test]
+fn clipup_tell() {
+    insta::assert_snapshot!(tell_update(r#"{"name": "clipup", "max_speed": 0.3}"#));
+}
+
+#[test]
+fn sgd_written_out_is_the_default_program() {
+    let es = |optimizer: &str| {
+        let mut spec = sgd();
+        spec.optimizer = serde_json::from_str(optimizer).unwrap();
+        spec.build(2).unwrap()
+    };
+    let default = sgd().build(2).unwrap();
+    for written in [r#""sgd""#, r#"{"name": "sgd"}"#, r#"{"name": "sgd", "weight_decay": 0}"#] {
+        let es = es(written);
+        assert_eq!(
+            text(es.generation_program(&Linear, &leaves())),
+            text(default.generation_program(&Linear, &leaves())),
+            "{written}"
+        );
+        assert_eq!(
+            text(es.tell_program(&Linear, &leaves())),
+            text(default.tell_program(&Linear, &leaves())),
+            "{written}"
+        );
+    }
+}
