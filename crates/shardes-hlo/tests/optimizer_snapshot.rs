@@ -72,7 +72,10 @@ fn tell_update(optimizer: &str) -> String {
     let text = text(es.tell_program(&Linear, &leaves()));
     let lines: Vec<&str> = text.lines().collect();
     let sig = lines.iter().find(|l| l.contains("func.func")).unwrap();
-    let end = lines.iter().rposition(|l| l.starts_with("    } : (")).unwrap();
+    let end = lines
+        .iter()
+        .rposition(|l| l.starts_with("    } : ("))
+        .unwrap();
     let mut out = vec![sig.trim().to_string()];
     out.extend(lines[end + 1..].iter().map(|l| l.to_string()));
     out.join("\n")
@@ -101,7 +104,11 @@ fn sgd_written_out_is_the_default_program() {
         spec.build(2).unwrap()
     };
     let default = sgd().build(2).unwrap();
-    for written in [r#""sgd""#, r#"{"name": "sgd"}"#, r#"{"name": "sgd", "weight_decay": 0}"#] {
+    for written in [
+        r#""sgd""#,
+        r#"{"name": "sgd"}"#,
+        r#"{"name": "sgd", "weight_decay": 0}"#,
+    ] {
         let es = es(written);
         assert_eq!(
             text(es.generation_program(&Linear, &leaves())),
