@@ -16,6 +16,7 @@ use crate::prng::emit::Keys;
 use super::error::{invalid, EsError};
 use super::layout::{Layout, ProgramArgs, ProgramResults};
 use super::model::{Leaf, Model, ModelParams};
+use super::optimizer::Scales;
 use super::settings::ShardedES;
 use super::spec::How;
 use super::strategy::{LeafInfo, Noise, Strategy};
@@ -598,9 +599,13 @@ impl<'a> Emitter<'a> {
                 }
             },
         )?;
-        self.es
-            .optimizer
-            .step(self.es.step_scales(), params, &u, opt)
+        // The f32 factors, computed once: `lr`, `lr/(nσ)` and `1/(nσ)`.
+        let scales = Scales {
+            lr: self.es.lr,
+            update: self.es.update_scale(),
+            grad: 1.0 / (self.es.n as f32 * self.es.sigma),
+        };
+        self.es.optimizer.step(scales, params, &u, opt)
     }
 
     /// Fitness → weights on every device.

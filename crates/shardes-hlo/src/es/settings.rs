@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::error::{invalid, EsError};
 use super::model::Model;
-use super::optimizer::{self, Optimizer, OptimizerSpec, Scales};
+use super::optimizer::{self, Optimizer, OptimizerSpec};
 use super::shaping::{Shaping, ShapingSpec};
 use super::spec::{How, StrategySpec};
 use super::strategy::{from_spec, LeafInfo, Strategy};
@@ -109,19 +109,8 @@ impl ShardedES {
     /// Replaces the optimizer on the ES gradient (default [`Optimizer::sgd`], today's
     /// update), refusing hyper-parameters out of range.
     pub fn with_optimizer(mut self, optimizer: Optimizer) -> Result<Self, EsError> {
-        check_numbers(
-            Names::Library,
-            &Numbers {
-                strategy: &self.strategy.name(),
-                pairing: self.strategy.pairing(),
-                n: self.n,
-                sigma: self.sigma,
-                lr: self.lr,
-                devices: self.devices,
-                member_chunk: self.member_chunk,
-                optimizer: &optimizer,
-            },
-        )?;
+        // The other numbers were checked at construction; this is check_numbers' own check.
+        optimizer::check(&optimizer, false)?;
         self.optimizer = optimizer;
         Ok(self)
     }
@@ -129,15 +118,6 @@ impl ShardedES {
     /// The optimizer on the ES gradient.
     pub fn optimizer(&self) -> Optimizer {
         self.optimizer
-    }
-
-    /// The f32 factors of `tell`'s step, computed once: `lr`, `lr/(nσ)` and `1/(nσ)`.
-    pub(super) fn step_scales(&self) -> Scales {
-        Scales {
-            lr: self.lr,
-            update: self.update_scale(),
-            grad: 1.0 / (self.n as f32 * self.sigma),
-        }
     }
 
     /// Replaces the shaping.
