@@ -396,28 +396,36 @@ impl SafetensorsFile {
 /// [`write_params`] writes it; `path` only names the destination in errors. A caller that
 /// hashes the bytes before writing them (`rundir`'s checkpoints) needs no re-read.
 pub fn params_to_bytes(path: &Path, tree: &ParamTree) -> Result<Vec<u8>, IoError> {
+    named_to_bytes(path, &tree.leaves())
+}
+
+/// Serializes named f32 arrays as safetensors in memory (as [`write_named`] writes them);
+/// `path` only names the destination in errors.
+pub fn named_to_bytes<S: AsRef<str>>(
+    path: &Path,
+    tensors: &[(S, &Array)],
+) -> Result<Vec<u8>, IoError> {
     // The same steps as `write_named`, kept separate so that function stays as it is.
-    let named: Vec<(String, &Array)> = tree.leaves();
-    let mut bytes: HashMap<&str, Vec<u8>> = HashMap::with_capacity(named.len());
-    for (name, a) in &named {
+    let mut bytes: HashMap<&str, Vec<u8>> = HashMap::with_capacity(tensors.len());
+    for (name, a) in tensors {
         let le: Vec<u8> = a.data().iter().flat_map(|x| x.to_le_bytes()).collect();
-        if bytes.insert(name.as_str(), le).is_some() {
+        if bytes.insert(name.as_ref(), le).is_some() {
             return Err(IoError::DuplicateName {
                 path: path.to_path_buf(),
-                name: name.clone(),
+                name: name.as_ref().to_string(),
             });
         }
     }
-    let mut views = Vec::with_capacity(named.len());
-    for (name, a) in &named {
-        let data = bytes.get(name.as_str()).map(Vec::as_slice).unwrap_or(&[]);
+    let mut views = Vec::with_capacity(tensors.len());
+    for (name, a) in tensors {
+        let data = bytes.get(name.as_ref()).map(Vec::as_slice).unwrap_or(&[]);
         let view = TensorView::new(Dtype::F32, a.shape().to_vec(), data).map_err(|cause| {
             IoError::Serialize {
                 path: path.to_path_buf(),
                 cause,
             }
         })?;
-        views.push((name.as_str(), view));
+        views.push((name.as_ref(), view));
     }
     safetensors::serialize(views, &None).map_err(|cause| IoError::Serialize {
         path: path.to_path_buf(),

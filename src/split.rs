@@ -171,6 +171,17 @@ impl SplitTrainer {
         self.state.params()
     }
 
+    /// Copies the optimizer's state back to the host; see [`crate::Trainer::optimizer_state`].
+    pub fn optimizer_state(&self) -> Result<Vec<(String, Array)>, Error> {
+        self.state.opt_state()
+    }
+
+    /// Replaces the optimizer's state on every device; see
+    /// [`crate::Trainer::set_optimizer_state`].
+    pub fn set_optimizer_state(&mut self, tensors: &[(String, Array)]) -> Result<(), Error> {
+        self.state.set_opt_state(&self.client, tensors)
+    }
+
     /// The program layout (`n`, tasks, leaves, batch).
     pub fn layout(&self) -> &Layout {
         &self.state.layout

@@ -1,7 +1,7 @@
 //! ES state on the devices, shared by [`crate::Trainer`] and [`crate::SplitTrainer`].
 //!
-//! Parameters, key and generation are replicated on each of the ES's devices, as are the
-//! batch inputs. A program's [`Layout`] orders its arguments and results:
+//! Parameters, key, generation and the optimizer's state (zero at the start; none under
+//! `sgd`) are replicated on each of the ES's devices, as are the batch inputs. A program's [`Layout`] orders its arguments and results:
 //! [`DeviceState::args_for`] lists a device's arguments for it, and
 //! [`DeviceState::absorb_for`] takes the new state from its results and hands back the
 //! fitness.
@@ -25,6 +25,8 @@ pub(crate) struct DeviceState {
     generation: Vec<Buffer>,
     /// `[device][batch argument]`.
     batch: Vec<Vec<Buffer>>,
+    /// `[device][optimizer state tensor]`, in [`Layout::opt_state`] order.
+    opt: Vec<Vec<Buffer>>,
     pub(crate) generation_host: u32,
 }
 
@@ -128,6 +130,17 @@ impl DeviceState {
                 params_dev[d].push(b);
             }
         }
+        let mut opt: Vec<Vec<Buffer>> = (0..devices).map(|_| Vec::new()).collect();
+        for (_, ty) in &layout.opt_state {
+            let dims = dims_of(ty);
+            let zeros = vec![0.0f32; dims.iter().product()];
+            for (d, b) in replicate(client, &zeros, &dims, devices)?
+                .into_iter()
+                .enumerate()
+            {
+                opt[d].push(b);
+            }
+        }
         let state = DeviceState {
             layout,
             template: params.clone(),
@@ -135,6 +148,7 @@ impl DeviceState {
             key: replicate(client, &key.data(), &[2], devices)?,
             generation: replicate(client, &[generation], &[], devices)?,
             batch: batch_dev,
+            opt,
             generation_host: generation,
         };
         // The leaves and the batch against the layout, once: every later argument list
@@ -151,8 +165,9 @@ impl DeviceState {
     }
 
     /// Device `d`'s arguments for a `layout` program: the state, then the batch, or for a
-    /// tell program the `fitness`. A fitness given to a program that takes none is one
-    /// argument too many, which the layout refuses.
+    /// tell program the `fitness`, then the optimizer state where the program takes it. A
+    /// fitness given to a program that takes none is one argument too many, which the
+    /// layout refuses.
     pub(crate) fn args_for<'a>(
         &'a self,
         layout: &Layout,
@@ -164,7 +179,18 @@ impl DeviceState {
         } else {
             self.batch[d].iter().chain(fitness).collect()
         };
-        Ok(layout.args(&self.params[d], &self.key[d], &self.generation[d], tail)?)
+        let opt = if layout.opt_count() > 0 {
+            &self.opt[d][..]
+        } else {
+            &[]
+        };
+        Ok(layout.args_with_state(
+            &self.params[d],
+            &self.key[d],
+            &self.generation[d],
+            tail,
+            opt,
+        )?)
     }
 
     /// Device `d`'s arguments for a `layout` program: the state, then `tail` (inputs
@@ -194,9 +220,12 @@ impl DeviceState {
 
     fn take(&mut self, results: Vec<DeviceResults>, advance: u32) -> Vec<Option<Buffer>> {
         let mut fitness = Vec::with_capacity(results.len());
-        for (d, (params, generation, fit)) in results.into_iter().enumerate() {
+        for (d, (params, generation, fit, opt)) in results.into_iter().enumerate() {
             self.params[d] = params;
             self.generation[d] = generation;
+            if !opt.is_empty() {
+                self.opt[d] = opt;
+            }
             fitness.push(fit);
         }
         self.generation_host += advance;
@@ -218,12 +247,88 @@ impl DeviceState {
         }
         Ok(ParamTree::from_leaves(&self.template, leaves)?)
     }
+
+    /// Copies the optimizer's state back to the host (from device 0), named as in
+    /// [`Layout::opt_state`]; empty under `sgd`.
+    pub(crate) fn opt_state(&self) -> Result<Vec<(String, Array)>, Error> {
+        let mut out = Vec::with_capacity(self.layout.opt_state.len());
+        for ((name, ty), b) in self.layout.opt_state.iter().zip(&self.opt[0]) {
+            out.push((name.clone(), Array::new(dims_of(ty), b.to_host::<f32>()?)?));
+        }
+        Ok(out)
+    }
+
+    /// Replaces the optimizer's state on every device with `tensors` (e.g. a checkpoint's):
+    /// exactly the names and shapes of [`Layout::opt_state`], in any order. Nothing changes
+    /// unless all of them fit.
+    pub(crate) fn set_opt_state(
+        &mut self,
+        client: &Client,
+        tensors: &[(String, Array)],
+    ) -> Result<(), Error> {
+        let want = &self.layout.opt_state;
+        let names = || {
+            want.iter()
+                .map(|(n, t)| format!("{n}: {t}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        if tensors.len() != want.len() {
+            return Err(Error::Invalid(format!(
+                "the optimizer state has {} tensors but this ES's optimizer keeps {} ({}); \
+                 resume with the optimizer the state was written by",
+                tensors.len(),
+                want.len(),
+                if want.is_empty() {
+                    "none".into()
+                } else {
+                    names()
+                }
+            )));
+        }
+        let devices = self.devices();
+        let mut opt: Vec<Vec<Buffer>> = (0..devices).map(|_| Vec::new()).collect();
+        for (name, ty) in want {
+            let a = tensors
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, a)| a)
+                .ok_or_else(|| {
+                    Error::Invalid(format!(
+                        "the optimizer state has no tensor `{name}` (this ES's optimizer keeps {}); \
+                         resume with the optimizer the state was written by",
+                        names()
+                    ))
+                })?;
+            let dims = dims_of(ty);
+            if a.shape() != dims.as_slice() {
+                return Err(Error::Invalid(format!(
+                    "optimizer state tensor `{name}` has shape {:?} but the optimizer keeps {ty}",
+                    a.shape()
+                )));
+            }
+            for (d, b) in replicate(client, a.data(), &dims, devices)?
+                .into_iter()
+                .enumerate()
+            {
+                opt[d].push(b);
+            }
+        }
+        self.opt = opt;
+        Ok(())
+    }
 }
 
-/// One device's new parameters and generation, and its fitness result if any.
-type DeviceResults = (Vec<Buffer>, Buffer, Option<Buffer>);
+/// A tensor type's dimensions as host sizes.
+fn dims_of(ty: &shardes_hlo::builder::TensorType) -> Vec<usize> {
+    ty.shape.iter().map(|&d| d as usize).collect()
+}
 
-/// Each device's results of a `layout` program as `(params', generation', fitness)`,
+/// One device's new parameters and generation, its fitness result if any, and its new
+/// optimizer state (empty where the program returns none).
+type DeviceResults = (Vec<Buffer>, Buffer, Option<Buffer>, Vec<Buffer>);
+
+/// Each device's results of a `layout` program as `(params', generation', fitness, opt')`,
 /// refusing a list of the wrong length or a program that returns no state.
 fn split_all(layout: &Layout, outs: Vec<Vec<Buffer>>) -> Result<Vec<DeviceResults>, Error> {
     outs.into_iter()
@@ -232,6 +337,7 @@ fn split_all(layout: &Layout, outs: Vec<Vec<Buffer>>) -> Result<Vec<DeviceResult
                 params,
                 generation,
                 fitness,
+                opt_state,
             } = layout.split_results(out)?;
             let generation = generation.ok_or_else(|| {
                 Error::Invalid(format!(
@@ -239,7 +345,7 @@ fn split_all(layout: &Layout, outs: Vec<Vec<Buffer>>) -> Result<Vec<DeviceResult
                     layout.kind.name()
                 ))
             })?;
-            Ok((params, generation, fitness))
+            Ok((params, generation, fitness, opt_state))
         })
         .collect()
 }

@@ -180,6 +180,20 @@ impl Trainer {
         self.state.params()
     }
 
+    /// Copies the optimizer's state back to the host (from device 0): one named f32 array
+    /// per entry of the layout's [`Layout::opt_state`] (`velocity.PATH`; `m.PATH`, `v.PATH`,
+    /// `count`), empty under `sgd`. With [`Trainer::set_optimizer_state`] it resumes a run
+    /// bit-identically.
+    pub fn optimizer_state(&self) -> Result<Vec<(String, Array)>, Error> {
+        self.state.opt_state()
+    }
+
+    /// Replaces the optimizer's state on every device (it starts at zero), e.g. with a
+    /// checkpoint's [`Trainer::optimizer_state`]: the same names and shapes, in any order.
+    pub fn set_optimizer_state(&mut self, tensors: &[(String, Array)]) -> Result<(), Error> {
+        self.state.set_opt_state(&self.client, tensors)
+    }
+
     /// The generation program's MLIR text.
     pub fn mlir(&self) -> &str {
         &self.mlir

@@ -5,7 +5,8 @@
 //! 1. serialize the parameters in memory and hash the bytes (no re-read);
 //! 2. write them to `.params.G.H.safetensors.tmpPID` [`PARAMS_WRITTEN`], sync it
 //!    [`PARAMS_SYNCED`], rename it to `params.G.H.safetensors` and sync the directory
-//!    [`PARAMS_RENAMED`];
+//!    [`PARAMS_RENAMED`]; an optimizer that keeps state has it written the same way to
+//!    `optimizer.G.H.safetensors` (no failpoints of its own);
 //! 3. write `state.json` the same way [`STATE_WRITTEN`] and rename it into place
 //!    [`STATE_RENAMED`]: from here on the new pair is the checkpoint;
 //! 4. point `params.safetensors` at the new file: a hard link made under a temporary name and
@@ -23,12 +24,12 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use shardes_hlo::params::ParamTree;
+use shardes_hlo::params::{Array, ParamTree};
 
 use super::error::RunDirError;
 use super::layout::{
-    failpoint, generation_file, is_generation_file, is_temporary, sync_dir, temporary,
-    write_atomic, PARAMS, STATE,
+    failpoint, generation_file, is_generation_file, is_optimizer_file, is_temporary,
+    optimizer_file, sync_dir, temporary, write_atomic, PARAMS, STATE,
 };
 use crate::io::{self as sio, IoError, SafetensorsFile};
 
@@ -83,6 +84,23 @@ pub struct State {
     /// absent when `None`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub extra: Option<serde_json::Value>,
+    /// The optimizer state file (`optimizer.G.H.safetensors`), for an optimizer that keeps
+    /// state; absent for `sgd` (and in checkpoints from before optimizers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optimizer_file: Option<String>,
+    /// sha256 of the optimizer state file, lowercase hex.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optimizer_sha256: Option<String>,
+}
+
+impl State {
+    /// The per-generation files this state names: the parameters and, if any, the
+    /// optimizer state.
+    pub fn files(&self) -> Vec<&str> {
+        let mut files = vec![self.params_file.as_str()];
+        files.extend(self.optimizer_file.as_deref());
+        files
+    }
 }
 
 /// A checkpoint read back and verified: its state and its parameter file, whose sha256
@@ -91,6 +109,7 @@ pub struct State {
 pub struct Checkpoint {
     state: State,
     file: SafetensorsFile,
+    optimizer: Option<SafetensorsFile>,
 }
 
 impl Checkpoint {
@@ -107,6 +126,28 @@ impl Checkpoint {
     /// The parameter file, for tensors beyond a template.
     pub fn file(&self) -> &SafetensorsFile {
         &self.file
+    }
+
+    /// The optimizer state file, verified like the parameters (none for `sgd`).
+    pub fn optimizer_file(&self) -> Option<&SafetensorsFile> {
+        self.optimizer.as_ref()
+    }
+
+    /// The optimizer's state, every tensor of the optimizer file by name (empty without
+    /// one), for `crate::Trainer::set_optimizer_state`.
+    pub fn optimizer_state(&self) -> Result<Vec<(String, Array)>, RunDirError> {
+        let Some(file) = &self.optimizer else {
+            return Ok(Vec::new());
+        };
+        file.names()
+            .into_iter()
+            .map(|name| {
+                let a = file
+                    .f32(&name)
+                    .map_err(|source| RunDirError::ParamsLoad { source })?;
+                Ok((name, a))
+            })
+            .collect()
     }
 
     /// The parameters with `template`'s structure: each leaf from the f32 tensor named by
@@ -173,6 +214,20 @@ pub fn parse_state(path: &Path, bytes: &[u8]) -> Result<State, RunDirError> {
             state.params_file
         )));
     }
+    match (&state.optimizer_file, &state.optimizer_sha256) {
+        (None, None) => {}
+        (Some(f), Some(_)) if is_optimizer_file(f) => {}
+        (Some(f), Some(_)) => {
+            return Err(corrupt(format!(
+                "it names the optimizer file {f:?}, which is not a shardes optimizer file name"
+            )))
+        }
+        _ => {
+            return Err(corrupt(
+                "it has one of optimizer_file and optimizer_sha256 without the other".into(),
+            ))
+        }
+    }
     Ok(state)
 }
 
@@ -222,7 +277,44 @@ pub fn verify(dir: &Path, state: State) -> Result<Checkpoint, RunDirError> {
     }
     let file = SafetensorsFile::from_bytes(&path, bytes)
         .map_err(|source| RunDirError::ParamsCorrupt { source })?;
-    Ok(Checkpoint { state, file })
+    let optimizer = verify_optimizer(dir, &state)?;
+    Ok(Checkpoint {
+        state,
+        file,
+        optimizer,
+    })
+}
+
+/// Reads the optimizer file `state` names, if any, checking its sha256 and format.
+fn verify_optimizer(dir: &Path, state: &State) -> Result<Option<SafetensorsFile>, RunDirError> {
+    let (Some(name), Some(sha)) = (&state.optimizer_file, &state.optimizer_sha256) else {
+        return Ok(None);
+    };
+    let path = dir.join(name);
+    let invalid = |reason: String| RunDirError::OptimizerStateInvalid {
+        state: dir.join(STATE),
+        file: path.clone(),
+        reason,
+    };
+    let bytes = match fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(invalid("is missing".into()))
+        }
+        Err(e) => return Err(RunDirError::io(&path, "read", e)),
+    };
+    let found = sha256_hex(&bytes);
+    if &found != sha {
+        return Err(invalid(format!(
+            "does not match the sha256 it records (recorded {}…, file {}…): the file was \
+             changed or damaged after it was written",
+            sha.get(..16).unwrap_or(sha),
+            found.get(..16).unwrap_or(&found)
+        )));
+    }
+    SafetensorsFile::from_bytes(&path, bytes)
+        .map(Some)
+        .map_err(|e| invalid(format!("is not valid safetensors ({e})")))
 }
 
 /// What to write: everything of a [`State`] but the parameter file and its hash.
@@ -236,6 +328,8 @@ pub(crate) struct NewCheckpoint<'a> {
     pub config_hash: &'a str,
     /// The parameters.
     pub params: &'a ParamTree,
+    /// The optimizer's state, named tensors (empty: none, no optimizer file).
+    pub optimizer: &'a [(String, Array)],
     /// Extra state for resume.
     pub extra: Option<serde_json::Value>,
 }
@@ -271,7 +365,9 @@ pub(crate) fn write(
         step(&params_path, PARAMS_RENAMED)?;
     }
     drop(bytes);
+    let optimizer = write_optimizer(dir, committed.as_ref(), new.generation, new.optimizer)?;
 
+    let (optimizer_file, optimizer_sha256) = optimizer.unzip();
     let state = State {
         key: new.key,
         generation: new.generation,
@@ -279,6 +375,8 @@ pub(crate) fn write(
         params_sha256: sha,
         params_file: name.clone(),
         extra: new.extra,
+        optimizer_file,
+        optimizer_sha256,
     };
     let state_path = dir.join(STATE);
     let mut text = serde_json::to_string_pretty(&state)
@@ -291,9 +389,39 @@ pub(crate) fn write(
 
     refresh_alias(dir, &name)?;
     step(&dir.join(PARAMS), ALIASED)?;
-    remove_unreferenced(dir, Some(&name), false)?;
+    remove_unreferenced_except(dir, &state.files(), false)?;
     step(dir, CLEANED)?;
     Ok(state)
+}
+
+/// Writes the optimizer's state to its per-generation file (before `state.json` names it),
+/// unless the same bytes are committed already; `None` without state. Returns the file's
+/// name and sha256.
+fn write_optimizer(
+    dir: &Path,
+    committed: Option<&State>,
+    generation: u32,
+    tensors: &[(String, Array)],
+) -> Result<Option<(String, String)>, RunDirError> {
+    if tensors.is_empty() {
+        return Ok(None);
+    }
+    let named: Vec<(&str, &Array)> = tensors.iter().map(|(n, a)| (n.as_str(), a)).collect();
+    let dest = dir.join(format!("optimizer.{generation:06}.safetensors"));
+    let bytes =
+        sio::named_to_bytes(&dest, &named).map_err(|source| RunDirError::Serialize { source })?;
+    let sha = sha256_hex(&bytes);
+    let name = optimizer_file(generation, &sha);
+    let path = dir.join(&name);
+    let unchanged = committed.is_some_and(|s| {
+        s.optimizer_file.as_deref() == Some(name.as_str())
+            && s.optimizer_sha256.as_deref() == Some(sha.as_str())
+    }) && path.is_file();
+    if !unchanged {
+        write_atomic(&path, &bytes, None, None)
+            .map_err(|(step, e)| RunDirError::io(&path, step, e))?;
+    }
+    Ok(Some((name, sha)))
 }
 
 fn step(path: &Path, name: &str) -> Result<(), RunDirError> {
@@ -351,14 +479,26 @@ pub fn remove_unreferenced(
     keep: Option<&str>,
     temporaries: bool,
 ) -> Result<Vec<PathBuf>, RunDirError> {
+    let keep: Vec<&str> = keep.into_iter().collect();
+    remove_unreferenced_except(dir, &keep, temporaries)
+}
+
+/// [`remove_unreferenced`] keeping every per-generation file (parameters or optimizer
+/// state) named in `keep`.
+pub fn remove_unreferenced_except(
+    dir: &Path,
+    keep: &[&str],
+    temporaries: bool,
+) -> Result<Vec<PathBuf>, RunDirError> {
     let mut removed = Vec::new();
     let entries = fs::read_dir(dir).map_err(|e| RunDirError::io(dir, "list", e))?;
     for entry in entries {
         let entry = entry.map_err(|e| RunDirError::io(dir, "list", e))?;
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
-        let stale =
-            (is_generation_file(name) && Some(name) != keep) || (temporaries && is_temporary(name));
+        let stale = ((is_generation_file(name) || is_optimizer_file(name))
+            && !keep.contains(&name))
+            || (temporaries && is_temporary(name));
         if !stale || !entry.file_type().is_ok_and(|t| t.is_file()) {
             continue;
         }

@@ -136,6 +136,15 @@ pub enum RunDirError {
         #[source]
         source: IoError,
     },
+    /// The optimizer state file `state.json` names is missing, damaged or not safetensors.
+    OptimizerStateInvalid {
+        /// The state file.
+        state: PathBuf,
+        /// The optimizer state file.
+        file: PathBuf,
+        /// What is wrong with it ("is missing", ...).
+        reason: String,
+    },
     /// The checkpoint's parameters do not fit the template (another model).
     ParamsLoad {
         /// The error, naming the file and the tensor.
@@ -271,6 +280,15 @@ impl RunDirError {
                 "{source} (its sha256 matches state.json, so the checkpoint was written from a \
                  damaged file)"
             ),
+            OptimizerStateInvalid {
+                state,
+                file,
+                reason,
+            } => format!(
+                "the optimizer state {} that {} names {reason}",
+                file.display(),
+                state.display()
+            ),
             ParamsLoad { source } | Serialize { source } => source.to_string(),
         }
     }
@@ -315,7 +333,10 @@ impl RunDirError {
                  them to {} and start there",
                 previous(dir)
             ),
-            ParamsMissing { .. } | ParamsMismatch { .. } | ParamsCorrupt { .. } => {
+            ParamsMissing { .. }
+            | ParamsMismatch { .. }
+            | ParamsCorrupt { .. }
+            | OptimizerStateInvalid { .. } => {
                 "restore the file from a backup, or start over with --force".into()
             }
             ParamsLoad { .. } => "resume with the config that started the run".into(),

@@ -49,8 +49,26 @@ pub fn generation_file(generation: u32, sha256: &str) -> String {
 
 /// Whether `name` has the form [`generation_file`] gives.
 pub fn is_generation_file(name: &str) -> bool {
+    is_tagged(name, "params.")
+}
+
+/// The per-generation optimizer state file of an optimizer that keeps state:
+/// `optimizer.000042.9f86d081.safetensors` (the generation and the first 8 hex digits of the
+/// file's sha256, as [`generation_file`]).
+pub fn optimizer_file(generation: u32, sha256: &str) -> String {
+    let tag = sha256.get(..8).unwrap_or(sha256);
+    format!("optimizer.{generation:06}.{tag}.safetensors")
+}
+
+/// Whether `name` has the form [`optimizer_file`] gives.
+pub fn is_optimizer_file(name: &str) -> bool {
+    is_tagged(name, "optimizer.")
+}
+
+/// `PREFIX` + at least 6 digits + `.` + 8 lowercase hex digits + `.safetensors`.
+fn is_tagged(name: &str, prefix: &str) -> bool {
     let Some(mid) = name
-        .strip_prefix("params.")
+        .strip_prefix(prefix)
         .and_then(|s| s.strip_suffix(".safetensors"))
     else {
         return false;
@@ -162,6 +180,10 @@ mod tests {
         ] {
             assert!(!is_generation_file(not), "{not}");
         }
+        let o = optimizer_file(42, sha);
+        assert_eq!(o, "optimizer.000042.9f86d081.safetensors");
+        assert!(is_optimizer_file(&o) && !is_generation_file(&o));
+        assert!(!is_optimizer_file(&g) && !is_optimizer_file("optimizer.42.9f86d081.safetensors"));
         assert!(is_temporary(".state.json.tmp123"));
         assert!(is_temporary(".params.000001.00000000.safetensors.tmp9"));
         for not in [

@@ -14,6 +14,8 @@
 //!   params.000042.9f86d081.safetensors the parameters state.json names (generation, hash)
 //!   params.safetensors                 the same parameters for users (a hard link or a copy;
 //!                                      Hugging Face tensor names); never read on resume
+//!   optimizer.000042.9f86d081.safetensors  the optimizer's state state.json names (optimizers
+//!                                      that keep state: momentum, adam, clipup)
 //!   previous/                          the run a forced fresh start moved aside
 //!   .NAME.tmpPID                       temporaries of atomic writes; a crash may leave
 //!                                      them, the next open removes them
@@ -65,7 +67,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use shardes_hlo::params::ParamTree;
+use shardes_hlo::params::{Array, ParamTree};
 
 pub use checkpoint::{read_checkpoint, Checkpoint, State};
 
@@ -128,7 +130,10 @@ impl Survey {
             if name == layout::LOCK || layout::is_temporary(&name) {
                 continue;
             }
-            if !OURS.contains(&name.as_str()) && !layout::is_generation_file(&name) {
+            if !OURS.contains(&name.as_str())
+                && !layout::is_generation_file(&name)
+                && !layout::is_optimizer_file(&name)
+            {
                 s.foreign.push(name.clone());
             }
             s.entries.push(name);
@@ -388,11 +393,27 @@ impl RunDir {
         params: &ParamTree,
         extra: Option<serde_json::Value>,
     ) -> Result<&State, RunDirError> {
+        self.write_checkpoint_with_optimizer(key, generation, params, &[], extra)
+    }
+
+    /// [`RunDir::write_checkpoint`] with the optimizer's state (`crate::Trainer::
+    /// optimizer_state`): written to its own per-generation file before `state.json`, which
+    /// names both, so the pair commits together. Empty (`sgd`): no optimizer file, the
+    /// checkpoint of [`RunDir::write_checkpoint`].
+    pub fn write_checkpoint_with_optimizer(
+        &mut self,
+        key: [u32; 2],
+        generation: u32,
+        params: &ParamTree,
+        optimizer: &[(String, Array)],
+        extra: Option<serde_json::Value>,
+    ) -> Result<&State, RunDirError> {
         let new = NewCheckpoint {
             key,
             generation,
             config_hash: &self.config_hash,
             params,
+            optimizer,
             extra,
         };
         let state = checkpoint::write(&self.dir, &mut self.committed, new)?;
@@ -470,8 +491,8 @@ impl Prepared {
             // First, so that the previous run's parameter files go with it.
             report.moved_aside = move_aside(&dir, &survey.entries)?;
         }
-        let keep = resume_state.as_ref().map(|s| s.params_file.as_str());
-        report.removed = checkpoint::remove_unreferenced(&dir, keep, true)?;
+        let keep: Vec<&str> = resume_state.as_ref().map_or(Vec::new(), |s| s.files());
+        report.removed = checkpoint::remove_unreferenced_except(&dir, &keep, true)?;
         match mode {
             Mode::Fresh { .. } => {
                 let metrics = dir.join(METRICS);

@@ -6,7 +6,10 @@
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use shardes::hlo::es::{EsError, EsSpec, How, ShapingSpec, SpecError, StrategySpec};
+use shardes::hlo::es::optimizer::OPTIMIZER_KEYS;
+use shardes::hlo::es::{
+    EsError, EsSpec, How, OptimizerName, ShapingSpec, SpecError, StrategySpec, OPTIMIZER_NAMES,
+};
 use shardes::hlo::problems::control::{self, Control, Env, Fitness, ENV_NAMES};
 use shardes::hlo::problems::transformer_block::TransformerBlock;
 
@@ -385,6 +388,7 @@ pub(crate) const ES_KEYS: &[&str] = &[
     "how",
     "member_chunk",
     "keep_noise_mib",
+    "optimizer",
 ];
 pub(crate) const RUN_KEYS: &[&str] = &[
     "seed",
@@ -501,6 +505,9 @@ fn check_es_table(es: &toml::Table) -> Result<(), ConfigError> {
             ));
         }
     }
+    if let Some(opt) = es.get("optimizer") {
+        check_optimizer(opt)?;
+    }
     for key in ["sigma", "lr"] {
         if let Some(toml::Value::Float(v)) = es.get(key) {
             if v.is_finite() && v.abs() > f64::from(f32::MAX) {
@@ -512,6 +519,79 @@ fn check_es_table(es: &toml::Table) -> Result<(), ConfigError> {
         }
     }
     Ok(())
+}
+
+/// `es.optimizer`, a name or a table, before serde: an unknown name or key with the nearest
+/// valid one, a value of the wrong kind named by its key. What the optimizer needs (ClipUp's
+/// `max_speed`) and the ranges are [`EsSpec::build`]'s.
+fn check_optimizer(value: &toml::Value) -> Result<(), ConfigError> {
+    let name = |s: &str| -> Result<(), ConfigError> {
+        match s.parse::<OptimizerName>() {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                let valid = e.valid().join(", ");
+                let hint = match nearest(s, e.valid()) {
+                    Some(n) => format!("did you mean \"{n}\"? valid: {valid}"),
+                    None => format!("valid optimizers: {valid}"),
+                };
+                Err(ConfigError::new(
+                    format!("es.optimizer: unknown optimizer \"{}\"", e.input),
+                    hint,
+                ))
+            }
+        }
+    };
+    match value {
+        toml::Value::String(s) => name(s),
+        toml::Value::Table(t) => {
+            check_keys(t, "es.optimizer", &OPTIMIZER_KEYS)?;
+            match t.get("name") {
+                Some(toml::Value::String(s)) => name(s)?,
+                Some(_) => {
+                    return Err(ConfigError::new(
+                        "es.optimizer.name must be a string",
+                        format!(
+                            "write name = \"adam\" (valid: {})",
+                            OPTIMIZER_NAMES.join(", ")
+                        ),
+                    ))
+                }
+                None => {
+                    return Err(ConfigError::new(
+                        "es.optimizer has no name",
+                        format!("add name = \"...\", one of {}", OPTIMIZER_NAMES.join(", ")),
+                    ))
+                }
+            }
+            for (key, v) in t.iter().filter(|(k, _)| *k != "name") {
+                let x = match v {
+                    toml::Value::Float(x) => *x,
+                    toml::Value::Integer(i) => *i as f64,
+                    _ => {
+                        return Err(ConfigError::new(
+                            format!("es.optimizer.{key} must be a number"),
+                            format!("write es.optimizer.{key} as a number, e.g. 0.9"),
+                        ))
+                    }
+                };
+                if x.is_finite() && x.abs() > f64::from(f32::MAX) {
+                    return Err(ConfigError::new(
+                        format!("es.optimizer.{key} = {x:e} is beyond the float32 range (±3.4e38)"),
+                        format!("set es.optimizer.{key} to a float32 number"),
+                    ));
+                }
+            }
+            Ok(())
+        }
+        _ => Err(ConfigError::new(
+            "es.optimizer must be an optimizer name or a table",
+            format!(
+                "write es.optimizer = \"adam\" (one of {}) or es.optimizer = {{ name = \"clipup\", \
+                 max_speed = 0.3 }}",
+                OPTIMIZER_NAMES.join(", ")
+            ),
+        )),
+    }
 }
 
 /// Where `span` starts in `text`, for a message: ` at line L, column C (`the line`)`, the
@@ -659,6 +739,12 @@ impl Config {
             return Ok(());
         };
         task.check()?;
+        if !self.es.optimizer.is_default() {
+            return Err(ConfigError::new(
+                "es.optimizer with a [task]: reward runs step with sgd only in this version",
+                "remove es.optimizer (sgd is the update both ES papers use)",
+            ));
+        }
         let ProblemConfig::Qwen2 {
             data, batch, seq, ..
         } = &self.problem

@@ -217,6 +217,12 @@ fn doc(section: &str, key: &str, problem: &str) -> Option<(String, Option<String
             );
             e(&about, &mib)
         }
+        ("es", "optimizer") => e(
+            "Optimizer on the ES gradient: \"sgd\" (today's update), \"momentum\", \"adam\" \
+             or \"clipup\", or a table with its settings, e.g. { name = \"clipup\", \
+             max_speed = 0.3 } (see the README's optimizer table). Default: \"sgd\".",
+            "\"adam\"",
+        ),
         ("run", "seed") => d("The run's PRNG key is key(seed); the parameters, the batch and the noise derive from it."),
         ("run", "generations") => d("Generations to run."),
         ("run", "out") => d(

@@ -26,7 +26,7 @@ checkpoint_every = 10
 fn every_listed_es_and_run_key_deserializes() {
     let text = QUICK.replace(
         "how = \"B\"",
-        "how = \"B\"\nmember_chunk = 8\nkeep_noise_mib = 4",
+        "how = \"B\"\nmember_chunk = 8\nkeep_noise_mib = 4\noptimizer = { name = \"adam\", b1 = 0.8 }",
     );
     let text = text.replace(
         "checkpoint_every = 10",
@@ -35,6 +35,10 @@ fn every_listed_es_and_run_key_deserializes() {
     let c = Config::parse(&text).expect("every [es] key set");
     assert_eq!(c.es.member_chunk, Some(8));
     assert_eq!(c.es.keep_noise_bytes(), 4 << 20);
+    assert_eq!(
+        (c.es.optimizer.name, c.es.optimizer.b1),
+        (OptimizerName::Adam, Some(0.8))
+    );
     let table: toml::Table = toml::from_str(&text).expect("toml");
     for (name, keys) in [("es", ES_KEYS), ("run", RUN_KEYS)] {
         let set = table[name].as_table().expect("table");
@@ -202,4 +206,21 @@ fn hash_ignores_run_length_but_not_sigma() {
     let c = Config::parse(&QUICK.replace("sigma = 0.01", "sigma = 0.02")).unwrap();
     assert_eq!(a.trajectory_hash(), b.trajectory_hash());
     assert_ne!(a.trajectory_hash(), c.trajectory_hash());
+}
+
+#[test]
+fn sgd_written_out_hashes_as_a_config_without_an_optimizer() {
+    let plain = Config::parse(QUICK).expect("quickstart");
+    for written in ["optimizer = \"sgd\"", "optimizer = { name = \"sgd\" }"] {
+        let text = QUICK.replace("how = \"B\"", &format!("how = \"B\"\n{written}"));
+        let c = Config::parse(&text).expect(written);
+        assert_eq!(c.trajectory_hash(), plain.trajectory_hash(), "{written}");
+    }
+    // Any other optimizer is another trajectory.
+    let adam = Config::parse(&QUICK.replace("how = \"B\"", "how = \"B\"\noptimizer = \"adam\""))
+        .expect("adam");
+    assert_ne!(adam.trajectory_hash(), plain.trajectory_hash());
+    // Written back and read again, the same settings.
+    let again = Config::parse(&toml::to_string_pretty(&adam).unwrap()).expect("resolved");
+    assert_eq!(again, adam);
 }

@@ -46,6 +46,15 @@ impl Engine {
         })
     }
 
+    /// The optimizer's state on the host (empty under sgd, and for a reward run, which
+    /// takes sgd only).
+    pub fn optimizer_state(&self) -> Result<Vec<(String, shardes::hlo::params::Array)>> {
+        Ok(match self {
+            Engine::Fused(t) => t.optimizer_state()?,
+            Engine::Reward(_) => Vec::new(),
+        })
+    }
+
     /// The generation the next step runs.
     pub fn generation(&self) -> u32 {
         match self {

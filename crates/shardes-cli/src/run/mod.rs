@@ -191,9 +191,9 @@ impl Progress {
     }
 }
 
-/// Copies the parameters to the host and writes them as the checkpoint of the generation
-/// the trainer runs next, unless they are not finite (then the run has diverged: no
-/// checkpoint, a failure naming the cause).
+/// Copies the parameters (and the optimizer's state) to the host and writes them as the
+/// checkpoint of the generation the trainer runs next, unless the parameters are not finite
+/// (then the run has diverged: no checkpoint, a failure naming the cause).
 fn checkpoint(
     rundir: &mut RunDir,
     trainer: &Engine,
@@ -211,8 +211,11 @@ fn checkpoint(
             finite::diverged_params((&config.es).into(), g, &bad, last, rundir.path()).into(),
         );
     }
+    let optimizer = trainer
+        .optimizer_state()
+        .context("copying the optimizer state to the host")?;
     rundir
-        .write_checkpoint(key.data(), g, &params, Some(inputs.clone()))
+        .write_checkpoint_with_optimizer(key.data(), g, &params, &optimizer, Some(inputs.clone()))
         .map_err(rundir_error)?;
     Ok(())
 }
@@ -253,6 +256,9 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
     // The contents of the problem's files, which the hash covers only by path (read once
     // the problem has loaded them, so a missing file is reported by its loader).
     let inputs = serde_json::json!({ "inputs": config.input_digests()? });
+    // The optimizer's state at the checkpoint (empty under sgd), set once the trainer is
+    // built.
+    let mut resumed_optimizer = None;
     let start = match prep.take_checkpoint() {
         Some(ckpt) => {
             if ckpt.state().key != s.problem.key.data() {
@@ -264,6 +270,7 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
             }
             check_inputs(ckpt.state().extra.as_ref(), &inputs)?;
             s.problem.params = ckpt.params(&s.problem.params).map_err(rundir_error)?;
+            resumed_optimizer = Some(ckpt.optimizer_state().map_err(rundir_error)?);
             ckpt.state().generation
         }
         None => 0,
@@ -300,12 +307,23 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
     let p = &s.problem;
     let mut trainer = match &config.task {
         Some(_) => Engine::Reward(Box::new(reward::build(&s, start)?)),
-        None => Engine::Fused(
-            Trainer::with_state(
+        None => {
+            let mut trainer = Trainer::with_state(
                 &s.client, &s.es, &*p.model, &p.params, p.key, &p.batch, start,
             )
-            .context("building the generation program")?,
-        ),
+            .context("building the generation program")?;
+            if let Some(optimizer) = &resumed_optimizer {
+                if !optimizer.is_empty() || trainer.layout().opt_count() > 0 {
+                    trainer.set_optimizer_state(optimizer).map_err(|e| {
+                        ConfigError::new(
+                            format!("--resume: the checkpoint's optimizer state does not fit: {e}"),
+                            "resume with the config that started the run",
+                        )
+                    })?;
+                }
+            }
+            Engine::Fused(trainer)
+        }
     };
     let bt = trainer.build_times();
     outln!(

@@ -16,6 +16,7 @@ use crate::prng::emit::Keys;
 use super::error::{invalid, EsError};
 use super::layout::{Layout, ProgramArgs, ProgramResults};
 use super::model::{Leaf, Model, ModelParams};
+use super::optimizer::Scales;
 use super::settings::ShardedES;
 use super::spec::How;
 use super::strategy::{LeafInfo, Noise, Strategy};
@@ -139,7 +140,14 @@ impl<'a> Emitter<'a> {
     ) -> Result<ProgramResults<Value>, EsError> {
         let out = if steps == 1 {
             let a = args;
-            self.one_generation(model, &a.key, &a.params, &a.generation, &a.batch)?
+            self.one_generation(
+                model,
+                &a.key,
+                &a.params,
+                &a.generation,
+                &a.batch,
+                &a.opt_state,
+            )?
         } else {
             self.generation_loop(model, args, steps)?
         };
@@ -158,6 +166,7 @@ impl<'a> Emitter<'a> {
             params: Vec::new(),
             generation: None,
             fitness: Some(fitness),
+            opt_state: Vec::new(),
         })
     }
 
@@ -175,11 +184,13 @@ impl<'a> Emitter<'a> {
         })?;
         let (base_key, next) = self.ask(&args.key, &args.generation)?;
         let weights = self.shape_fitness(fitness)?;
-        let params = self.tell(&base_key, &args.params, &weights, None)?;
+        let (params, opt_state) =
+            self.tell(&base_key, &args.params, &weights, None, &args.opt_state)?;
         Ok(ProgramResults {
             params,
             generation: Some(next),
             fitness: None,
+            opt_state,
         })
     }
 
@@ -528,15 +539,17 @@ impl<'a> Emitter<'a> {
         Ok((out.swap_remove(0), kept))
     }
 
-    /// `tell`: shaped weights → new parameters `θ − lr/(nσ) · u`, from the noise `apply`
-    /// kept (`how = B` only) or regenerated.
+    /// `tell`: shaped weights → new parameters (`θ − lr/(nσ) · u` under sgd; the
+    /// optimizer's step otherwise, [`super::optimizer`]) and the optimizer's new state
+    /// from `opt`, from the noise `apply` kept (`how = B` only) or regenerated.
     fn tell(
         &self,
         base_key: &Value,
         params: &[Value],
         weights: &Value,
         kept: Option<Vec<Noise>>,
-    ) -> Result<Vec<Value>, EsError> {
+        opt: &[Value],
+    ) -> Result<(Vec<Value>, Vec<Value>), EsError> {
         let f = base_key.func();
         let n = self.es.n as i64;
         let (member_sh, weights) = match self.es.how {
@@ -586,12 +599,13 @@ impl<'a> Emitter<'a> {
                 }
             },
         )?;
-        let scale = f.scalar(self.es.update_scale())?;
-        params
-            .iter()
-            .zip(u)
-            .map(|(theta, u)| Ok(theta.sub(&u.mul(&scale)?)?))
-            .collect()
+        // The f32 factors, computed once: `lr`, `lr/(nσ)` and `1/(nσ)`.
+        let scales = Scales {
+            lr: self.es.lr,
+            update: self.es.update_scale(),
+            grad: 1.0 / (self.es.n as f32 * self.es.sigma),
+        };
+        self.es.optimizer.step(scales, params, &u, opt)
     }
 
     /// Fitness → weights on every device.
@@ -600,7 +614,7 @@ impl<'a> Emitter<'a> {
         Ok(self.es.shaping.weights(&rep)?)
     }
 
-    /// One generation, ask + apply + tell: `(params'…, generation + 1, fitness)`.
+    /// One generation, ask + apply + tell: `(params'…, generation + 1, fitness, opt'…)`.
     fn one_generation(
         &self,
         model: &dyn Model,
@@ -608,19 +622,21 @@ impl<'a> Emitter<'a> {
         params: &[Value],
         generation: &Value,
         batch: &[Value],
+        opt: &[Value],
     ) -> Result<Vec<Value>, EsError> {
         let (base_key, next) = self.ask(key, generation)?;
         let keep = self.es.keeps_noise(&self.layout.leaves);
         let (fitness, kept) = self.apply(model, &base_key, params, batch, keep)?;
         let weights = self.shape_fitness(&fitness)?;
-        let mut out = self.tell(&base_key, params, &weights, kept)?;
+        let (mut out, opt) = self.tell(&base_key, params, &weights, kept, opt)?;
         out.push(next);
         out.push(fitness);
+        out.extend(opt);
         Ok(out)
     }
 
-    /// `steps` generations as a `while` loop carrying the parameters, the generation and
-    /// the last fitness.
+    /// `steps` generations as a `while` loop carrying the parameters, the generation, the
+    /// last fitness and the optimizer state.
     fn generation_loop(
         &self,
         model: &dyn Model,
@@ -637,8 +653,9 @@ impl<'a> Emitter<'a> {
         let mut init: Vec<&Value> = params.iter().collect();
         init.push(&args.generation);
         init.push(&fit0);
+        init.extend(args.opt_state.iter());
         f.fori_loop(0, steps, &init, |_, c| -> Result<Vec<Value>, EsError> {
-            self.one_generation(model, key, &c[..nl], &c[nl], batch)
+            self.one_generation(model, key, &c[..nl], &c[nl], batch, &c[nl + 2..])
         })
     }
 }

@@ -2,11 +2,14 @@
 //!
 //! | kind | arguments | results | donated |
 //! |---|---|---|---|
-//! | [`ProgramKind::Generation`] | `params…, key, generation, batch…` | `params'…, generation', fitness` | params, generation |
+//! | [`ProgramKind::Generation`] | `params…, key, generation, batch…, opt…` | `params'…, generation', fitness, opt'…` | params, generation, opt |
 //! | [`ProgramKind::AskApply`] | `params…, key, generation, batch…` | `fitness` | nothing |
-//! | [`ProgramKind::Tell`] | `params…, key, generation, fitness` | `params'…, generation'` | params, generation |
+//! | [`ProgramKind::Tell`] | `params…, key, generation, fitness, opt…` | `params'…, generation', opt'…` | params, generation, opt |
 //! | [`ProgramKind::Outputs`] | `params…, key, generation, inputs…` | `outputs…` (each `[n, …]`) | nothing |
 //!
+//! `opt…` is the optimizer's state ([`Layout::opt_state`]; none for `sgd`, so an sgd
+//! program has exactly the arguments and results it had before optimizers existed). It
+//! comes last on both sides so that every other position is the same with or without it.
 //! The inference program has the ask_apply layout and the no-op program the generation
 //! layout. The program entry points declare their arguments ([`Layout::declare`]) and emit
 //! their results ([`Layout::emit`]) through it; a host builds each device's argument list
@@ -61,6 +64,10 @@ pub struct Layout {
     /// Names and per-member types (without the member axis) of the results of a
     /// [`ProgramKind::Outputs`] program ([`Layout::with_outputs`]); empty for the others.
     pub outputs: Vec<(String, TensorType)>,
+    /// Names and types of the optimizer's state ([`crate::es::Optimizer::state_types`];
+    /// empty for `sgd`). Programs that donate the state take it after their other
+    /// arguments and return it after their other results; the others ignore it.
+    pub opt_state: Vec<(String, TensorType)>,
 }
 
 /// A program's arguments by role, in the order of [`Layout::args`].
@@ -76,6 +83,9 @@ pub struct ProgramArgs<T> {
     pub batch: Vec<T>,
     /// The host fitness ([`ProgramKind::Tell`] only).
     pub fitness: Option<T>,
+    /// The optimizer's state, one per [`Layout::opt_state`] entry (empty where the kind
+    /// takes none).
+    pub opt_state: Vec<T>,
 }
 
 /// A program's results by role ([`Layout::emit`], [`Layout::split_results`]).
@@ -87,6 +97,9 @@ pub struct ProgramResults<T> {
     pub generation: Option<T>,
     /// The fitness (none for [`ProgramKind::Tell`]).
     pub fitness: Option<T>,
+    /// The optimizer's next state, one per [`Layout::opt_state`] entry (empty where the
+    /// kind returns none).
+    pub opt_state: Vec<T>,
 }
 
 impl Layout {
@@ -112,7 +125,34 @@ impl Layout {
             n,
             tasks,
             outputs: Vec::new(),
+            opt_state: Vec::new(),
         }
+    }
+
+    /// The same layout with the optimizer's state `types` ([`Layout::opt_state`]).
+    pub fn with_opt_state(mut self, types: Vec<(String, TensorType)>) -> Layout {
+        self.opt_state = types;
+        self
+    }
+
+    /// How many optimizer state arguments (and results) the program has: all of
+    /// [`Layout::opt_state`] where it donates the state, else none.
+    pub fn opt_count(&self) -> usize {
+        if self.donates() {
+            self.opt_state.len()
+        } else {
+            0
+        }
+    }
+
+    /// Index of the first optimizer state argument (none without any).
+    pub fn opt_arg(&self) -> Option<usize> {
+        (self.opt_count() > 0).then(|| self.generation_arg() + 1 + self.tail_count())
+    }
+
+    /// Index of the first optimizer state result (none without any).
+    pub fn opt_result(&self) -> Option<usize> {
+        (self.opt_count() > 0).then(|| self.result_count() - self.opt_count())
     }
 
     /// This layout with the per-member `outputs` (names and types without the member
@@ -156,7 +196,7 @@ impl Layout {
 
     /// The number of arguments.
     pub fn arg_count(&self) -> usize {
-        self.generation_arg() + 1 + self.tail_count()
+        self.generation_arg() + 1 + self.tail_count() + self.opt_count()
     }
 
     /// Index of the `generation` result (none for [`ProgramKind::AskApply`] and
@@ -187,6 +227,7 @@ impl Layout {
                 .flatten()
                 .count()
             + self.outputs.len()
+            + self.opt_count()
     }
 
     /// Whether the program consumes the parameter and generation buffers it is given
@@ -240,7 +281,7 @@ impl Layout {
 
     fn describe_results(&self) -> String {
         let l = self.leaves.len();
-        match self.kind {
+        let main = match self.kind {
             ProgramKind::Generation => format!("{l} leaves + generation + fitness"),
             ProgramKind::AskApply => "fitness".into(),
             ProgramKind::Tell => format!("{l} leaves + generation"),
@@ -250,12 +291,24 @@ impl Layout {
                 .map(|(n, _)| n.as_str())
                 .collect::<Vec<_>>()
                 .join(" + "),
+        };
+        match self.opt_count() {
+            0 => main,
+            k => format!("{main} + {k} optimizer state"),
         }
+    }
+
+    fn describe_opt_state(&self) -> String {
+        self.opt_state
+            .iter()
+            .map(|(n, t)| format!("{n}: {t}"))
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     /// Declares the arguments of `f` in order, every one replicated: the parameters (f32,
     /// named by their paths) and `generation` donated to their results where the kind
-    /// donates, `key`, then the batch or the `fitness`.
+    /// donates, `key`, then the batch or the `fitness`, then the optimizer state (donated).
     pub fn declare(&self, f: &Func) -> Result<ProgramArgs<Value>, EsError> {
         let mut params = Vec::with_capacity(self.leaves.len());
         for (j, l) in self.leaves.iter().enumerate() {
@@ -287,12 +340,20 @@ impl Layout {
             }
             None => None,
         };
+        let mut opt_state = Vec::with_capacity(self.opt_count());
+        if let Some(first) = self.opt_result() {
+            for (i, (name, ty)) in self.opt_state.iter().enumerate() {
+                let sh = Sharding::replicated(ty.rank());
+                opt_state.push(f.arg_donated(name, ty.clone(), &sh, first + i)?);
+            }
+        }
         Ok(ProgramArgs {
             params,
             key,
             generation,
             batch,
             fitness,
+            opt_state,
         })
     }
 
@@ -309,6 +370,9 @@ impl Layout {
         }
         if let Some(fit) = &results.fitness {
             f.output_sharded(fit, &Sharding::split(self.fitness_dims().len(), 0)?)?;
+        }
+        for v in &results.opt_state {
+            f.output_sharded(v, &Sharding::replicated(v.rank()))?;
         }
         Ok(())
     }
@@ -333,6 +397,12 @@ impl Layout {
                 usize::from(self.fitness_result().is_some()),
                 "the fitness",
             ),
+            (
+                "optimizer state results",
+                r.opt_state.len(),
+                self.opt_count(),
+                "one per optimizer state tensor",
+            ),
         ];
         for (what, got, expected, detail) in parts {
             if got != expected {
@@ -345,13 +415,27 @@ impl Layout {
     /// One device's argument list, in order: `params` (one per leaf), `key`, `generation`,
     /// then `tail`, which is the batch (one per [`Layout::batch`] entry) or, for
     /// [`ProgramKind::Tell`], the one fitness. Works on anything a host passes (buffers,
-    /// references to them, host arrays).
+    /// references to them, host arrays). A layout with optimizer state takes
+    /// [`Layout::args_with_state`].
     pub fn args<T>(
         &self,
         params: impl IntoIterator<Item = T>,
         key: T,
         generation: T,
         tail: impl IntoIterator<Item = T>,
+    ) -> Result<Vec<T>, EsError> {
+        self.args_with_state(params, key, generation, tail, std::iter::empty())
+    }
+
+    /// [`Layout::args`] followed by the optimizer state (one per [`Layout::opt_state`]
+    /// entry where the kind takes it, else none).
+    pub fn args_with_state<T>(
+        &self,
+        params: impl IntoIterator<Item = T>,
+        key: T,
+        generation: T,
+        tail: impl IntoIterator<Item = T>,
+        opt_state: impl IntoIterator<Item = T>,
     ) -> Result<Vec<T>, EsError> {
         let mut out: Vec<T> = Vec::with_capacity(self.arg_count());
         out.extend(params);
@@ -385,6 +469,16 @@ impl Layout {
             };
             return Err(self.count_error(what, got, self.tail_count(), detail));
         }
+        let before = out.len();
+        out.extend(opt_state);
+        if out.len() - before != self.opt_count() {
+            return Err(self.count_error(
+                "optimizer state arguments",
+                out.len() - before,
+                self.opt_count(),
+                self.describe_opt_state(),
+            ));
+        }
         Ok(out)
     }
 
@@ -405,14 +499,17 @@ impl Layout {
                 self.describe_results(),
             ));
         }
-        // The fitness comes after the generation, so removing it first keeps the
-        // generation's index; both are in range after the length check.
+        // The optimizer state is last and the fitness comes after the generation, so
+        // removing them in this order keeps the indices; all are in range after the length
+        // check.
+        let opt_state = results.split_off(results.len() - self.opt_count());
         let fitness = self.fitness_result().map(|i| results.remove(i));
         let generation = self.generation_result().map(|i| results.remove(i));
         Ok(ProgramResults {
             params: results,
             generation,
             fitness,
+            opt_state,
         })
     }
 }
@@ -580,6 +677,7 @@ mod tests {
                 params: vec!["b'", "w'"],
                 generation: Some("gen'"),
                 fitness: Some("fit"),
+                opt_state: Vec::new(),
             }
         );
         let a = layout(ProgramKind::AskApply, 1)
@@ -641,6 +739,7 @@ mod tests {
             params: a.params.clone(),
             generation: Some(a.generation.clone()),
             fitness: Some(a.batch[0].func().full(0.0f32, &[16]).unwrap()),
+            opt_state: Vec::new(),
         });
         let names: Vec<&str> = sig
             .split('%')
@@ -660,6 +759,7 @@ mod tests {
             params: Vec::new(),
             generation: None,
             fitness: Some(a.key.func().full(0.0f32, &[16, 3]).unwrap()),
+            opt_state: Vec::new(),
         });
         assert!(!sig.contains("tf.aliasing_output"), "{sig}");
         assert!(sig.contains("-> (tensor<16x3xf32>"), "{sig}");
@@ -668,6 +768,7 @@ mod tests {
             params: a.params.clone(),
             generation: Some(a.generation.clone()),
             fitness: None,
+            opt_state: Vec::new(),
         });
         assert!(sig.contains("%generation: tensor<ui32> {sdy.sharding = #sdy.sharding<@mesh, []>, tf.aliasing_output = 2 : i32}, %fitness: tensor<16xf32> {sdy.sharding = #sdy.sharding<@mesh, [{}]>})"), "{sig}");
     }
@@ -685,6 +786,7 @@ mod tests {
                     params: Vec::new(),
                     generation: Some(args.generation.clone()),
                     fitness: None,
+                    opt_state: Vec::new(),
                 },
             )
             .unwrap_err();
@@ -692,6 +794,123 @@ mod tests {
             e.to_string(),
             "the ask_apply program's generation results: got 1, its layout has 0 (the next \
              generation)"
+        );
+    }
+
+    fn with_state(kind: ProgramKind) -> Layout {
+        layout(kind, 1).with_opt_state(vec![
+            ("velocity.b".into(), TensorType::f32(&[7])),
+            ("velocity.w".into(), TensorType::f32(&[7, 13])),
+        ])
+    }
+
+    #[test]
+    fn optimizer_state_comes_last_where_the_program_donates() {
+        use ProgramKind::*;
+        // (kind, opt_arg, args, opt_result, results): every other position as without state.
+        for (kind, opt_arg, args, opt_result, results) in [
+            (Generation, Some(6), 8, Some(4), 6),
+            (AskApply, None, 6, None, 1),
+            (Tell, Some(5), 7, Some(3), 5),
+        ] {
+            let l = with_state(kind);
+            let plain = layout(kind, 1);
+            assert_eq!((l.opt_arg(), l.arg_count()), (opt_arg, args), "{kind:?}");
+            assert_eq!(
+                (l.opt_result(), l.result_count()),
+                (opt_result, results),
+                "{kind:?}"
+            );
+            assert_eq!(
+                (
+                    l.key_arg(),
+                    l.generation_arg(),
+                    l.batch_arg(),
+                    l.fitness_arg()
+                ),
+                (
+                    plain.key_arg(),
+                    plain.generation_arg(),
+                    plain.batch_arg(),
+                    plain.fitness_arg()
+                )
+            );
+            assert_eq!(
+                (l.generation_result(), l.fitness_result()),
+                (plain.generation_result(), plain.fitness_result())
+            );
+        }
+        let g = with_state(Generation);
+        let args = g
+            .args_with_state(["b", "w"], "key", "gen", ["x", "y"], ["vb", "vw"])
+            .unwrap();
+        assert_eq!(args, ["b", "w", "key", "gen", "x", "y", "vb", "vw"]);
+        let e = g.args(["b", "w"], "key", "gen", ["x", "y"]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "the generation program's optimizer state arguments: got 0, its layout has 2 \
+             (velocity.b: tensor<7xf32>, velocity.w: tensor<7x13xf32>)"
+        );
+        let r = g
+            .split_results(vec!["b'", "w'", "gen'", "fit", "vb'", "vw'"])
+            .unwrap();
+        assert_eq!(
+            (r.params, r.generation, r.fitness, r.opt_state),
+            (
+                vec!["b'", "w'"],
+                Some("gen'"),
+                Some("fit"),
+                vec!["vb'", "vw'"]
+            )
+        );
+        let e = g.split_results(vec![1, 2, 3, 4]).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("(2 leaves + generation + fitness + 2 optimizer state)"),
+            "{e}"
+        );
+        // ask_apply neither takes nor returns it.
+        let a = with_state(AskApply);
+        assert_eq!(
+            a.args(["b", "w"], "key", "gen", ["x", "y"]).unwrap().len(),
+            6
+        );
+        assert!(a.split_results(vec!["fit"]).unwrap().opt_state.is_empty());
+    }
+
+    #[test]
+    fn optimizer_state_is_declared_donated_and_emitted_replicated() {
+        let t = with_state(ProgramKind::Tell);
+        let sig = signature(&t, |a| ProgramResults {
+            params: a.params.clone(),
+            generation: Some(a.generation.clone()),
+            fitness: None,
+            opt_state: a.opt_state.clone(),
+        });
+        assert!(
+            sig.contains("%velocity.b: tensor<7xf32> {sdy.sharding = #sdy.sharding<@mesh, [{}]>, tf.aliasing_output = 3 : i32}"),
+            "{sig}"
+        );
+        assert!(sig.contains("tf.aliasing_output = 4 : i32}) -> ("), "{sig}");
+        assert_eq!(sig.matches("tf.aliasing_output").count(), 5, "{sig}");
+        let m = Module::with_mesh("t", Mesh::pop(1).unwrap());
+        let f = m.func("main");
+        let args = t.declare(&f).unwrap();
+        let e = t
+            .emit(
+                &f,
+                ProgramResults {
+                    params: args.params.clone(),
+                    generation: Some(args.generation.clone()),
+                    fitness: None,
+                    opt_state: Vec::new(),
+                },
+            )
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("optimizer state results: got 0, its layout has 2"),
+            "{e}"
         );
     }
 
@@ -719,6 +938,7 @@ mod tests {
             params: Vec::new(),
             generation: None,
             fitness: None,
+            opt_state: Vec::new(),
         });
         assert!(!sig.contains("tf.aliasing_output"), "{sig}");
     }

@@ -11,6 +11,8 @@
 //! - [`layout`]: [`Layout`], the argument and result order of every program;
 //! - [`outputs`]: [`MemberOutputs`] (per-member outputs instead of a loss) and the outputs
 //!   program;
+//! - [`optimizer`]: [`Optimizer`], how `tell` steps on the ES gradient (sgd, momentum, adam,
+//!   clipup), and [`OptimizerSpec`], its config form;
 //! - [`program`]: the programs ([`ShardedES::generation_program`] and the others);
 //! - [`error`]: the error type, [`EsError`].
 
@@ -19,6 +21,7 @@ mod generation;
 pub mod layout;
 pub mod model;
 pub mod outputs;
+pub mod optimizer;
 pub mod program;
 pub mod settings;
 pub mod shaping;
@@ -29,6 +32,7 @@ pub use error::EsError;
 pub use layout::{Layout, ProgramArgs, ProgramKind, ProgramResults};
 pub use model::{check_model, leaf_infos, Access, Finding, Model, ModelParams};
 pub use outputs::{AsModel, MemberInfo, MemberOutputs, WithTasks, SAMPLE_TAG};
+pub use optimizer::{Optimizer, OptimizerKind, OptimizerName, OptimizerSpec, OPTIMIZER_NAMES};
 pub use program::Program;
 pub use settings::{
     EsSpec, ShardedES, CHUNK_BYTES, DEFAULT_MEMBER_CHUNK, KEEP_NOISE_BYTES, TELL_CHUNK_BYTES,

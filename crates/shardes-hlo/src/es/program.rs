@@ -15,6 +15,7 @@ use super::error::{invalid, EsError};
 use super::generation::Emitter;
 use super::layout::{check_leaves, Layout, ProgramArgs, ProgramKind, ProgramResults};
 use super::model::Model;
+use super::optimizer::Optimizer;
 use super::settings::ShardedES;
 use super::shaping::NoShaping;
 use super::strategy::{LeafInfo, Noise, Strategy};
@@ -38,13 +39,10 @@ impl ShardedES {
     ) -> Result<Layout, EsError> {
         let tasks = model.tasks();
         self.check_tasks(tasks)?;
-        Ok(Layout::new(
-            kind,
-            leaves.to_vec(),
-            model.batch_types(),
-            self.n,
-            tasks,
-        ))
+        Ok(
+            Layout::new(kind, leaves.to_vec(), model.batch_types(), self.n, tasks)
+                .with_opt_state(self.optimizer.state_types(leaves)),
+        )
     }
 
     /// The generation program: `(params…, key, generation, batch…) → (params'…,
@@ -118,7 +116,8 @@ impl ShardedES {
             Vec::new(),
             self.n,
             tasks,
-        );
+        )
+        .with_opt_state(self.optimizer.state_types(leaves));
         self.build("tell", layout, |_, layout, args| {
             Emitter::new(self, layout, chunk).tell_host(args)
         })
@@ -143,14 +142,16 @@ impl ShardedES {
             member_chunk: Some(self.member_chunk_for(model)?),
             member_bytes: self.member_bytes,
             keep_noise_bytes: 0,
+            // Never steps: the inference program has no tell.
+            optimizer: Optimizer::sgd(),
         };
         zero.ask_apply_program(model, leaves)
     }
 
     /// A program with the generation program's arguments, results and donation that
-    /// computes nothing: the parameters plus zero (one pass over them, as a real update
-    /// has; an identity would be aliased away), generation + 1, and a zero fitness. Timing
-    /// it measures a dispatch's host overhead.
+    /// computes nothing: the parameters (and any optimizer state) plus zero (one pass over
+    /// them, as a real update has; an identity would be aliased away), generation + 1, and
+    /// a zero fitness. Timing it measures a dispatch's host overhead.
     pub fn noop_program(&self, model: &dyn Model, leaves: &[LeafInfo]) -> Result<Program, EsError> {
         check_leaves(leaves)?;
         let layout = self.layout_for(ProgramKind::Generation, model, leaves)?;
@@ -166,10 +167,17 @@ impl ShardedES {
             let fitness = f
                 .full(0.0f32, &ty.shape)?
                 .shard(&Sharding::split(ty.rank(), 0)?)?;
+            let opt_state = args
+                .opt_state
+                .iter()
+                .zip(&layout.opt_state)
+                .map(|(v, (_, ty))| Ok(v.add(&f.full(0.0f32, &ty.shape)?)?))
+                .collect::<Result<Vec<Value>, EsError>>()?;
             Ok(ProgramResults {
                 params,
                 generation: Some(generation),
                 fitness: Some(fitness),
+                opt_state,
             })
         })
     }

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::error::{invalid, EsError};
 use super::model::Model;
+use super::optimizer::{self, Optimizer, OptimizerSpec};
 use super::shaping::{Shaping, ShapingSpec};
 use super::spec::{How, StrategySpec};
 use super::strategy::{from_spec, LeafInfo, Strategy};
@@ -22,6 +23,7 @@ pub struct ShardedES {
     pub(super) member_chunk: Option<usize>,
     pub(super) member_bytes: Option<usize>,
     pub(super) keep_noise_bytes: usize,
+    pub(super) optimizer: Optimizer,
 }
 
 impl std::fmt::Debug for ShardedES {
@@ -37,6 +39,7 @@ impl std::fmt::Debug for ShardedES {
             .field("member_chunk", &self.member_chunk)
             .field("member_bytes", &self.member_bytes)
             .field("keep_noise_bytes", &self.keep_noise_bytes)
+            .field("optimizer", &self.optimizer)
             .finish()
     }
 }
@@ -85,6 +88,7 @@ impl ShardedES {
                 lr,
                 devices,
                 member_chunk: None,
+                optimizer: &Optimizer::sgd(),
             },
         )?;
         Ok(ShardedES {
@@ -98,7 +102,22 @@ impl ShardedES {
             member_chunk: None,
             member_bytes: None,
             keep_noise_bytes: KEEP_NOISE_BYTES,
+            optimizer: Optimizer::sgd(),
         })
+    }
+
+    /// Replaces the optimizer on the ES gradient (default [`Optimizer::sgd`], today's
+    /// update), refusing hyper-parameters out of range.
+    pub fn with_optimizer(mut self, optimizer: Optimizer) -> Result<Self, EsError> {
+        // The other numbers were checked at construction; this is check_numbers' own check.
+        optimizer::check(&optimizer, false)?;
+        self.optimizer = optimizer;
+        Ok(self)
+    }
+
+    /// The optimizer on the ES gradient.
+    pub fn optimizer(&self) -> Optimizer {
+        self.optimizer
     }
 
     /// Replaces the shaping.
@@ -343,6 +362,7 @@ struct Numbers<'a> {
     lr: f32,
     devices: usize,
     member_chunk: Option<usize>,
+    optimizer: &'a Optimizer,
 }
 
 /// Two multiples of `per` near `n`, distinct: the one at or below `n` (at least `per`) and
@@ -478,7 +498,7 @@ fn check_numbers(names: Names, s: &Numbers) -> Result<(), EsError> {
             format!("set {chunk} to at least 1"),
         ));
     }
-    Ok(())
+    optimizer::check(s.optimizer, config)
 }
 
 /// The `[es]` section of a config: the settings of a [`ShardedES`] as text and numbers.
@@ -511,6 +531,10 @@ pub struct EsSpec {
     /// [`KEEP_NOISE_BYTES`]; 0 always regenerates it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keep_noise_mib: Option<usize>,
+    /// The optimizer on the ES gradient: a name (`"adam"`) or a table with `name` and its
+    /// settings (default `sgd`, today's update; left out when written back).
+    #[serde(default, skip_serializing_if = "OptimizerSpec::is_default")]
+    pub optimizer: OptimizerSpec,
 }
 
 fn default_strategy() -> StrategySpec {
@@ -529,6 +553,7 @@ impl EsSpec {
             how: How::default(),
             member_chunk: None,
             keep_noise_mib: None,
+            optimizer: OptimizerSpec::default(),
         }
     }
 
@@ -543,6 +568,7 @@ impl EsSpec {
     /// [`EsError::message`], with the fix in [`EsError::fix`].
     pub fn build(&self, devices: usize) -> Result<ShardedES, EsError> {
         let strategy = from_spec(&self.strategy);
+        let optimizer = self.optimizer.resolve()?;
         check_numbers(
             Names::Config,
             &Numbers {
@@ -553,6 +579,7 @@ impl EsSpec {
                 lr: self.lr,
                 devices,
                 member_chunk: self.member_chunk,
+                optimizer: &optimizer,
             },
         )?;
         let es = ShardedES {
@@ -566,6 +593,7 @@ impl EsSpec {
             member_chunk: self.member_chunk,
             member_bytes: None,
             keep_noise_bytes: self.keep_noise_bytes(),
+            optimizer,
         };
         // A chunk that is set (by es.member_chunk or the strategy's chunk = C) must divide
         // the members per device; checked here, before any program is built.
