@@ -17,6 +17,7 @@ use super::error::{invalid, EsError};
 use super::layout::{Layout, ProgramArgs, ProgramResults};
 use super::model::{Leaf, Model, ModelParams};
 use super::settings::ShardedES;
+use super::sigma::{self, Emission, LeafScale, Perturb, Step};
 use super::spec::How;
 use super::strategy::{LeafInfo, Noise, Strategy};
 
@@ -120,12 +121,44 @@ pub(super) struct Emitter<'a> {
     es: &'a ShardedES,
     layout: &'a Layout,
     chunk: usize,
+    /// Per layout leaf: frozen, or its σ ([`ShardedES::leaf_scales`]).
+    scales: Vec<LeafScale>,
+    /// The leaves that get noise (all but the frozen), with their whole-tree indices.
+    active: Vec<LeafInfo>,
 }
 
 impl<'a> Emitter<'a> {
     /// The emitter of a `layout` program of `es`, evaluating `chunk` members per step.
-    pub(super) fn new(es: &'a ShardedES, layout: &'a Layout, chunk: usize) -> Self {
-        Emitter { es, layout, chunk }
+    pub(super) fn new(
+        es: &'a ShardedES,
+        layout: &'a Layout,
+        chunk: usize,
+    ) -> Result<Self, EsError> {
+        let scales = es.leaf_scales(&layout.leaves)?;
+        let active = layout
+            .leaves
+            .iter()
+            .zip(&scales)
+            .filter(|(_, s)| **s != LeafScale::Frozen)
+            .map(|(l, _)| l.clone())
+            .collect();
+        Ok(Emitter {
+            es,
+            layout,
+            chunk,
+            scales,
+            active,
+        })
+    }
+
+    /// The stream keys of the leaves that get noise: [`streams`] of the whole tree, or
+    /// with frozen leaves, `fold_in(base_key, j)` of each other leaf's index `j`.
+    fn streams(&self, base: &Keys) -> Result<Keys, EsError> {
+        if self.active.len() == self.layout.leaves.len() {
+            return streams(base, &self.active);
+        }
+        let f = base.words().0.func();
+        Ok(base.fold_in(&sigma::leaf_ids(&f, &self.active)?)?)
     }
 
     /// `steps` generations on the declared `args`: `(params'…, generation + steps,
@@ -183,7 +216,8 @@ impl<'a> Emitter<'a> {
         })
     }
 
-    /// Perturbed parameters of one member chunk for the model.
+    /// Perturbed parameters of one member chunk for the model: `noise` holds the noise of
+    /// the leaves that get noise, in order; frozen leaves are read as plain weights.
     fn perturbed(
         &self,
         params: &[Value],
@@ -193,10 +227,34 @@ impl<'a> Emitter<'a> {
     ) -> Result<ModelParams, EsError> {
         let f = signs.func();
         let p = self.es.strategy.pairing() as i64;
-        let sig = signs.mul(&f.scalar(self.es.sigma)?)?;
+        let sigs = Emission::new(&self.scales).perturb(signs)?;
+        let mut noise = noise.iter();
         let mut out = Vec::with_capacity(leaves.len());
-        for ((leaf, theta), noise) in leaves.iter().zip(params).zip(noise) {
-            let noise = noise.repeat(p)?;
+        for ((leaf, theta), how) in leaves.iter().zip(params).zip(sigs) {
+            let mut next = || -> Result<Noise, EsError> {
+                let n = noise.next().ok_or_else(|| {
+                    invalid(
+                        format!("no noise drawn for leaf {}", leaf.path),
+                        "draw one noise per unfrozen leaf".into(),
+                    )
+                })?;
+                Ok(n.repeat(p)?)
+            };
+            let (noise, sig) = match how {
+                Perturb::Frozen => {
+                    let plain = if leaf.shape.len() == 2 {
+                        Leaf::Matrix(Weight::Plain(theta.clone()))
+                    } else {
+                        Leaf::Dense(Act::shared(theta.clone()))
+                    };
+                    out.push((leaf.path.clone(), plain));
+                    continue;
+                }
+                Perturb::Scalar(sig) => (next()?, sig),
+                Perturb::Separable { p, q } => {
+                    (sigma::separable_noise(next()?, &p, &q)?, signs.clone())
+                }
+            };
             let entry = match noise {
                 Noise::Factors { a, b } => {
                     let r = a.shape()[1];
@@ -310,13 +368,13 @@ impl<'a> Emitter<'a> {
         batch: &[Value],
         keep: bool,
     ) -> Result<(Value, Option<Vec<Noise>>), EsError> {
-        let (leaves, tasks) = (&self.layout.leaves[..], self.layout.tasks);
+        let (leaves, tasks) = (&self.active[..], self.layout.tasks);
         let f = ids.func();
         let local = ids.shape()[0];
         let c = self.chunk as i64;
         let p = self.es.strategy.pairing() as i64;
         let base = Keys::from_data(base_key)?;
-        let streams = streams(&base, leaves)?;
+        let streams = self.streams(&base)?;
         let all = if self.es.strategy.materialized() {
             let (dirs, _) = directions(ids, p)?;
             Some(self.chunk_noise(&streams, leaves, &dirs, None)?)
@@ -358,7 +416,7 @@ impl<'a> Emitter<'a> {
                     &dirs,
                     all.as_deref().map(|n| (n, &dstart)),
                 )?;
-                let mp = self.perturbed(params, leaves, &noise, &signs)?;
+                let mp = self.perturbed(params, &self.layout.leaves, &noise, &signs)?;
                 let loss = model.loss(&mp, batch)?;
                 let fit = self.chunk_fitness(loss, c, tasks)?;
                 let zero = f.scalar(0i32)?;
@@ -433,7 +491,7 @@ impl<'a> Emitter<'a> {
             .tell_chunk_after(leaves, (count / p) as usize, Some(self.chunk))
             as i64;
         let base = Keys::from_data(base_key)?;
-        let streams = streams(&base, leaves)?;
+        let streams = self.streams(&base)?;
         let all = if kept.is_some() {
             kept
         } else if self.es.strategy.materialized() {
@@ -500,7 +558,7 @@ impl<'a> Emitter<'a> {
         let out_rank = if tasks > 1 { 2 } else { 1 };
         let nl = params.len();
         let ranks: Vec<Vec<usize>> = if keep {
-            noise_shapes(self.es.strategy.as_ref(), &self.layout.leaves)?
+            noise_shapes(self.es.strategy.as_ref(), &self.active)?
                 .iter()
                 .map(|l| l.iter().map(Vec::len).collect())
                 .collect()
@@ -566,8 +624,7 @@ impl<'a> Emitter<'a> {
             in_sh.push(Sharding::split(v.rank(), 0)?);
         }
         let out_sh: Vec<Sharding> = self
-            .layout
-            .leaves
+            .active
             .iter()
             .map(|l| Sharding::replicated(l.shape.len()))
             .collect();
@@ -578,19 +635,33 @@ impl<'a> Emitter<'a> {
             &out_sh,
             |loc| -> Result<Vec<Value>, EsError> {
                 let kept = (!ranks.is_empty()).then(|| noise_from_values(&loc[3..], &ranks));
-                let u =
-                    self.contract_local(&loc[0], &loc[1], &loc[2], &self.layout.leaves, kept)?;
+                let u = self.contract_local(&loc[0], &loc[1], &loc[2], &self.active, kept)?;
                 match how {
                     How::B => u.iter().map(|v| Ok(v.all_reduce_sum()?)).collect(),
                     How::A => Ok(u),
                 }
             },
         )?;
-        let scale = f.scalar(self.es.update_scale())?;
+        let mut u = u.into_iter();
+        let steps = Emission::new(&self.scales).steps(&f, self.es.lr, self.es.n)?;
         params
             .iter()
-            .zip(u)
-            .map(|(theta, u)| Ok(theta.sub(&u.mul(&scale)?)?))
+            .zip(steps)
+            .map(|(theta, step)| {
+                let mut next = || {
+                    u.next().ok_or_else(|| {
+                        invalid(
+                            "one contraction per unfrozen leaf".into(),
+                            "contract every unfrozen leaf".into(),
+                        )
+                    })
+                };
+                Ok(match step {
+                    Step::Frozen => theta.clone(),
+                    Step::Scalar(scale) => theta.sub(&next()?.mul(&scale)?)?,
+                    Step::Separable { s, scale } => theta.sub(&next()?.div(&s)?.mul(&scale)?)?,
+                })
+            })
             .collect()
     }
 
@@ -610,7 +681,7 @@ impl<'a> Emitter<'a> {
         batch: &[Value],
     ) -> Result<Vec<Value>, EsError> {
         let (base_key, next) = self.ask(key, generation)?;
-        let keep = self.es.keeps_noise(&self.layout.leaves);
+        let keep = self.es.keeps_noise(&self.active);
         let (fitness, kept) = self.apply(model, &base_key, params, batch, keep)?;
         let weights = self.shape_fitness(&fitness)?;
         let mut out = self.tell(&base_key, params, &weights, kept)?;

@@ -78,7 +78,7 @@ impl ShardedES {
         let chunk = self.member_chunk_for(model)?;
         let layout = self.layout_for(ProgramKind::Generation, model, leaves)?;
         self.build("generation", layout, |_, layout, args| {
-            Emitter::new(self, layout, chunk).generations(model, args, steps)
+            Emitter::new(self, layout, chunk)?.generations(model, args, steps)
         })
     }
 
@@ -94,7 +94,7 @@ impl ShardedES {
         let chunk = self.member_chunk_for(model)?;
         let layout = self.layout_for(ProgramKind::AskApply, model, leaves)?;
         self.build("ask_apply", layout, |_, layout, args| {
-            Emitter::new(self, layout, chunk).ask_apply(model, args)
+            Emitter::new(self, layout, chunk)?.ask_apply(model, args)
         })
     }
 
@@ -120,7 +120,7 @@ impl ShardedES {
             tasks,
         );
         self.build("tell", layout, |_, layout, args| {
-            Emitter::new(self, layout, chunk).tell_host(args)
+            Emitter::new(self, layout, chunk)?.tell_host(args)
         })
     }
 
@@ -143,6 +143,7 @@ impl ShardedES {
             member_chunk: Some(self.member_chunk_for(model)?),
             member_bytes: self.member_bytes,
             keep_noise_bytes: 0,
+            leaf_sigma: Default::default(),
         };
         zero.ask_apply_program(model, leaves)
     }

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::error::{invalid, EsError};
 use super::model::Model;
 use super::shaping::{Shaping, ShapingSpec};
+use super::sigma::{LeafSettings, SigmaPatterns};
 use super::spec::{How, StrategySpec};
 use super::strategy::{from_spec, LeafInfo, Strategy};
 
@@ -22,6 +23,7 @@ pub struct ShardedES {
     pub(super) member_chunk: Option<usize>,
     pub(super) member_bytes: Option<usize>,
     pub(super) keep_noise_bytes: usize,
+    pub(super) leaf_sigma: LeafSettings,
 }
 
 impl std::fmt::Debug for ShardedES {
@@ -37,6 +39,7 @@ impl std::fmt::Debug for ShardedES {
             .field("member_chunk", &self.member_chunk)
             .field("member_bytes", &self.member_bytes)
             .field("keep_noise_bytes", &self.keep_noise_bytes)
+            .field("leaf_sigma", &self.leaf_sigma)
             .finish()
     }
 }
@@ -98,6 +101,7 @@ impl ShardedES {
             member_chunk: None,
             member_bytes: None,
             keep_noise_bytes: KEEP_NOISE_BYTES,
+            leaf_sigma: LeafSettings::default(),
         })
     }
 
@@ -511,6 +515,16 @@ pub struct EsSpec {
     /// [`KEEP_NOISE_BYTES`]; 0 always regenerates it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keep_noise_mib: Option<usize>,
+    /// Globs over leaf paths whose leaves are frozen ([`ShardedES::with_freeze`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub freeze: Vec<String>,
+    /// A safetensors file of separable σ, `<leaf>.p` and `<leaf>.q` per 2-D leaf, read by
+    /// the front end ([`ShardedES::with_sigma_separable`]); `build` does not read files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sigma_separable: Option<std::path::PathBuf>,
+    /// Per-leaf σ by glob pattern, first match wins (`es.sigma` for the rest; last: a table).
+    #[serde(default, skip_serializing_if = "SigmaPatterns::is_empty")]
+    pub sigma_leaves: SigmaPatterns,
 }
 
 fn default_strategy() -> StrategySpec {
@@ -529,6 +543,9 @@ impl EsSpec {
             how: How::default(),
             member_chunk: None,
             keep_noise_mib: None,
+            freeze: Vec::new(),
+            sigma_separable: None,
+            sigma_leaves: SigmaPatterns::default(),
         }
     }
 
@@ -566,6 +583,7 @@ impl EsSpec {
             member_chunk: self.member_chunk,
             member_bytes: None,
             keep_noise_bytes: self.keep_noise_bytes(),
+            leaf_sigma: self.leaf_settings()?,
         };
         // A chunk that is set (by es.member_chunk or the strategy's chunk = C) must divide
         // the members per device; checked here, before any program is built.
