@@ -374,6 +374,9 @@ pub(crate) const ES_KEYS: &[&str] = &[
     "how",
     "member_chunk",
     "keep_noise_mib",
+    "freeze",
+    "sigma_separable",
+    "sigma_leaves",
 ];
 pub(crate) const RUN_KEYS: &[&str] = &[
     "seed",
@@ -578,8 +581,9 @@ impl Config {
         }
         if let Some(toml::Value::Table(t)) = table.get("es") {
             check_es_table(t)?;
+            sigma::check_es_table(t)?;
         }
-        let config: Config = toml::from_str(text).map_err(|e| {
+        let mut config: Config = toml::from_str(text).map_err(|e| {
             let msg = e.message().to_string();
             // serde names the expected type but not the key; the span points at the value,
             // so quote the line it is on.
@@ -592,6 +596,7 @@ impl Config {
                 "see examples/quickstart.toml for the type of each key",
             )
         })?;
+        sigma::in_file_order(text, &mut config);
         config.validate()?;
         Ok(config)
     }
@@ -658,6 +663,7 @@ impl Config {
                 files.push(("problem.data".into(), d.clone()));
             }
         }
+        files.extend(sigma::input_files(&self.es));
         files
     }
 
@@ -709,5 +715,6 @@ impl Config {
     }
 }
 
+pub mod sigma;
 #[cfg(test)]
 mod tests;
