@@ -254,8 +254,9 @@ impl ShardedES {
     }
 
     /// Separable σ `p qᵀ` for some 2-D leaves, by path (`(p, q)`, lengths `m` and `k`),
-    /// over whatever else sets their σ; the other leaves keep theirs. A path that names no
-    /// 2-D leaf of the tree is an error when a program is built.
+    /// over whatever else sets their σ (the tree or a pattern); the other leaves keep
+    /// theirs. Replaces a separable set before. A path that names no 2-D leaf of the tree,
+    /// or vectors of other lengths, are an error when a program is built.
     pub fn with_sigma_separable(
         mut self,
         leaves: BTreeMap<String, (Vec<f32>, Vec<f32>)>,
