@@ -389,6 +389,9 @@ pub(crate) const ES_KEYS: &[&str] = &[
     "member_chunk",
     "keep_noise_mib",
     "optimizer",
+    "freeze",
+    "sigma_separable",
+    "sigma_leaves",
 ];
 pub(crate) const RUN_KEYS: &[&str] = &[
     "seed",
@@ -669,6 +672,7 @@ impl Config {
         }
         if let Some(toml::Value::Table(t)) = table.get("es") {
             check_es_table(t)?;
+            sigma::check_es_table(t)?;
         }
         for (name, v) in [("task", table.get("task")), ("eval", table.get("eval"))] {
             match v {
@@ -683,7 +687,7 @@ impl Config {
                 None => {}
             }
         }
-        let config: Config = toml::from_str(text).map_err(|e| {
+        let mut config: Config = toml::from_str(text).map_err(|e| {
             let msg = e.message().to_string();
             // serde names the expected type but not the key; the span points at the value,
             // so quote the line it is on.
@@ -696,6 +700,7 @@ impl Config {
                 "see examples/quickstart.toml for the type of each key",
             )
         })?;
+        sigma::in_file_order(text, &mut config);
         config.validate()?;
         Ok(config)
     }
@@ -817,6 +822,7 @@ impl Config {
         if let Some(t) = &self.task {
             files.extend(t.input_files());
         }
+        files.extend(sigma::input_files(&self.es));
         files
     }
 
@@ -868,5 +874,6 @@ impl Config {
     }
 }
 
+pub mod sigma;
 #[cfg(test)]
 mod tests;

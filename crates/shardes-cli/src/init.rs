@@ -223,6 +223,21 @@ fn doc(section: &str, key: &str, problem: &str) -> Option<(String, Option<String
              max_speed = 0.3 } (see the README's optimizer table). Default: \"sgd\".",
             "\"adam\"",
         ),
+        ("es", "freeze") => e(
+            "Leaves to freeze, as globs over leaf paths (`*` matches any characters, dots \
+             included): no noise, no update. Default: none.",
+            "[\"model.embed_tokens.weight\", \"*.norm.weight\"]",
+        ),
+        ("es", "sigma_separable") => e(
+            "A safetensors file of separable sigma for 2-D leaves: sigma = p q^T with tensors \
+             <leaf>.p (one per row) and <leaf>.q (one per column). Default: none.",
+            "\"sigma.safetensors\"",
+        ),
+        ("es", "sigma_leaves") => e(
+            "Per-leaf sigma by glob pattern over leaf paths, first match in file order wins; \
+             other leaves take es.sigma. A pattern that matches no leaf is an error.",
+            "{ \"layers.*.w*\" = 0.02 }",
+        ),
         ("run", "seed") => d("The run's PRNG key is key(seed); the parameters, the batch and the noise derive from it."),
         ("run", "generations") => d("Generations to run."),
         ("run", "out") => d(

@@ -59,6 +59,7 @@ pub struct CheckArgs {
 pub fn problem_shapes(config: &Config) -> Result<(ShardedES, ProblemShapes)> {
     let shapes = setup::Described::of(config)?.shapes(config.run.seed)?;
     let es = setup::es_for(config, &*shapes.model)?;
+    crate::config::sigma::check_leaves(&es, &shapes.leaves)?;
     Ok((es, shapes))
 }
 

@@ -38,7 +38,8 @@ pub struct Setup {
 /// [`EsSpec::build`](shardes::hlo::es::EsSpec::build), whose errors name the `[es]` key.
 /// The model's member bytes come with the program ([`ShardedES::member_chunk_for`]).
 pub fn es(config: &Config) -> anyhow::Result<ShardedES> {
-    Ok(config.es.build(config.devices).map_err(es_error)?)
+    let es = config.es.build(config.devices).map_err(es_error)?;
+    Ok(crate::config::sigma::with_separable(es, &config.es)?)
 }
 
 /// The library's description of a config's `[problem]`: what [`Problem`] is built from, in
@@ -94,6 +95,8 @@ impl Described {
 pub fn problem(config: &Config) -> anyhow::Result<(ShardedES, Problem)> {
     let es = es(config)?;
     let problem = Described::of(config)?.problem(config.run.seed)?;
+    let leaves = shardes::hlo::es::leaf_infos(&problem.params);
+    crate::config::sigma::check_leaves(&es, &leaves)?;
     // The programs would derive it from the model too; set here, the ES's own reports
     // (member chunk, kept noise) agree with them.
     let es = es.with_member_bytes(problem.model.member_bytes());

@@ -16,8 +16,9 @@ use crate::prng::emit::Keys;
 use super::error::{invalid, EsError};
 use super::layout::{Layout, ProgramArgs, ProgramResults};
 use super::model::{Leaf, Model, ModelParams};
-use super::optimizer::Scales;
+use super::optimizer::{OptimizerKind, Scales};
 use super::settings::ShardedES;
+use super::sigma::{self, Emission, LeafScale, LeafSigma, Perturb, Step};
 use super::spec::How;
 use super::strategy::{LeafInfo, Noise, Strategy};
 
@@ -121,12 +122,49 @@ pub(super) struct Emitter<'a> {
     es: &'a ShardedES,
     layout: &'a Layout,
     chunk: usize,
+    /// Per layout leaf: frozen, or its σ ([`ShardedES::leaf_scales`]).
+    scales: Vec<LeafScale>,
+    /// The leaves that get noise (all but the frozen), with their whole-tree indices.
+    active: Vec<LeafInfo>,
 }
 
 impl<'a> Emitter<'a> {
     /// The emitter of a `layout` program of `es`, evaluating `chunk` members per step.
-    pub(super) fn new(es: &'a ShardedES, layout: &'a Layout, chunk: usize) -> Self {
-        Emitter { es, layout, chunk }
+    pub(super) fn new(
+        es: &'a ShardedES,
+        layout: &'a Layout,
+        chunk: usize,
+    ) -> Result<Self, EsError> {
+        let scales = es.leaf_scales(&layout.leaves)?;
+        let active = layout
+            .leaves
+            .iter()
+            .zip(&scales)
+            .filter(|(_, s)| **s != LeafScale::Frozen)
+            .map(|(l, _)| l.clone())
+            .collect();
+        Ok(Emitter {
+            es,
+            layout,
+            chunk,
+            scales,
+            active,
+        })
+    }
+
+    /// The leaves that get noise (all but the frozen ones), in order.
+    pub(super) fn active(&self) -> &[LeafInfo] {
+        &self.active
+    }
+
+    /// The stream keys of the leaves that get noise: [`streams`] of the whole tree, or
+    /// with frozen leaves, `fold_in(base_key, j)` of each other leaf's index `j`.
+    pub(super) fn streams(&self, base: &Keys) -> Result<Keys, EsError> {
+        if self.active.len() == self.layout.leaves.len() {
+            return streams(base, &self.active);
+        }
+        let f = base.words().0.func();
+        Ok(base.fold_in(&sigma::leaf_ids(&f, &self.active)?)?)
     }
 
     /// `steps` generations on the declared `args`: `(params'…, generation + steps,
@@ -194,7 +232,8 @@ impl<'a> Emitter<'a> {
         })
     }
 
-    /// Perturbed parameters of one member chunk for the model.
+    /// Perturbed parameters of one member chunk for the model: `noise` holds the noise of
+    /// the leaves that get noise, in order; frozen leaves are read as plain weights.
     pub(super) fn perturbed(
         &self,
         params: &[Value],
@@ -204,10 +243,34 @@ impl<'a> Emitter<'a> {
     ) -> Result<ModelParams, EsError> {
         let f = signs.func();
         let p = self.es.strategy.pairing() as i64;
-        let sig = signs.mul(&f.scalar(self.es.sigma)?)?;
+        let sigs = Emission::new(&self.scales).perturb(signs)?;
+        let mut noise = noise.iter();
         let mut out = Vec::with_capacity(leaves.len());
-        for ((leaf, theta), noise) in leaves.iter().zip(params).zip(noise) {
-            let noise = noise.repeat(p)?;
+        for ((leaf, theta), how) in leaves.iter().zip(params).zip(sigs) {
+            let mut next = || -> Result<Noise, EsError> {
+                let n = noise.next().ok_or_else(|| {
+                    invalid(
+                        format!("no noise drawn for leaf {}", leaf.path),
+                        "draw one noise per unfrozen leaf".into(),
+                    )
+                })?;
+                Ok(n.repeat(p)?)
+            };
+            let (noise, sig) = match how {
+                Perturb::Frozen => {
+                    let plain = if leaf.shape.len() == 2 {
+                        Leaf::Matrix(Weight::Plain(theta.clone()))
+                    } else {
+                        Leaf::Dense(Act::shared(theta.clone()))
+                    };
+                    out.push((leaf.path.clone(), plain));
+                    continue;
+                }
+                Perturb::Scalar(sig) => (next()?, sig),
+                Perturb::Separable { p, q } => {
+                    (sigma::separable_noise(next()?, &p, &q)?, signs.clone())
+                }
+            };
             let entry = match noise {
                 Noise::Factors { a, b } => {
                     let r = a.shape()[1];
@@ -321,13 +384,13 @@ impl<'a> Emitter<'a> {
         batch: &[Value],
         keep: bool,
     ) -> Result<(Value, Option<Vec<Noise>>), EsError> {
-        let (leaves, tasks) = (&self.layout.leaves[..], self.layout.tasks);
+        let (leaves, tasks) = (&self.active[..], self.layout.tasks);
         let f = ids.func();
         let local = ids.shape()[0];
         let c = self.chunk as i64;
         let p = self.es.strategy.pairing() as i64;
         let base = Keys::from_data(base_key)?;
-        let streams = streams(&base, leaves)?;
+        let streams = self.streams(&base)?;
         let all = if self.es.strategy.materialized() {
             let (dirs, _) = directions(ids, p)?;
             Some(self.chunk_noise(&streams, leaves, &dirs, None)?)
@@ -369,7 +432,7 @@ impl<'a> Emitter<'a> {
                     &dirs,
                     all.as_deref().map(|n| (n, &dstart)),
                 )?;
-                let mp = self.perturbed(params, leaves, &noise, &signs)?;
+                let mp = self.perturbed(params, &self.layout.leaves, &noise, &signs)?;
                 let loss = model.loss(&mp, batch)?;
                 let fit = self.chunk_fitness(loss, c, tasks)?;
                 let zero = f.scalar(0i32)?;
@@ -444,7 +507,7 @@ impl<'a> Emitter<'a> {
             .tell_chunk_after(leaves, (count / p) as usize, Some(self.chunk))
             as i64;
         let base = Keys::from_data(base_key)?;
-        let streams = streams(&base, leaves)?;
+        let streams = self.streams(&base)?;
         let all = if kept.is_some() {
             kept
         } else if self.es.strategy.materialized() {
@@ -511,7 +574,7 @@ impl<'a> Emitter<'a> {
         let out_rank = if tasks > 1 { 2 } else { 1 };
         let nl = params.len();
         let ranks: Vec<Vec<usize>> = if keep {
-            noise_shapes(self.es.strategy.as_ref(), &self.layout.leaves)?
+            noise_shapes(self.es.strategy.as_ref(), &self.active)?
                 .iter()
                 .map(|l| l.iter().map(Vec::len).collect())
                 .collect()
@@ -579,8 +642,7 @@ impl<'a> Emitter<'a> {
             in_sh.push(Sharding::split(v.rank(), 0)?);
         }
         let out_sh: Vec<Sharding> = self
-            .layout
-            .leaves
+            .active
             .iter()
             .map(|l| Sharding::replicated(l.shape.len()))
             .collect();
@@ -591,21 +653,60 @@ impl<'a> Emitter<'a> {
             &out_sh,
             |loc| -> Result<Vec<Value>, EsError> {
                 let kept = (!ranks.is_empty()).then(|| noise_from_values(&loc[3..], &ranks));
-                let u =
-                    self.contract_local(&loc[0], &loc[1], &loc[2], &self.layout.leaves, kept)?;
+                let u = self.contract_local(&loc[0], &loc[1], &loc[2], &self.active, kept)?;
                 match how {
                     How::B => u.iter().map(|v| Ok(v.all_reduce_sum()?)).collect(),
                     How::A => Ok(u),
                 }
             },
         )?;
-        // The f32 factors, computed once: `lr`, `lr/(nσ)` and `1/(nσ)`.
-        let scales = Scales {
-            lr: self.es.lr,
-            update: self.es.update_scale(),
-            grad: 1.0 / (self.es.n as f32 * self.es.sigma),
-        };
-        self.es.optimizer.step(scales, params, &u, opt)
+        if !matches!(self.es.optimizer.kind, OptimizerKind::Sgd) {
+            let uniform = self.scales.iter().all(
+                |s| matches!(s, LeafScale::Sigma(LeafSigma::Scalar(x)) if *x == self.es.sigma),
+            );
+            if !uniform {
+                return Err(invalid(
+                    format!(
+                        "es.optimizer = {} with per-leaf or separable σ or frozen leaves",
+                        self.es.optimizer.name()
+                    ),
+                    "use sgd with es.sigma_leaves, es.sigma_separable or es.freeze, or one \
+                     scalar es.sigma with this optimizer"
+                        .into(),
+                ));
+            }
+            // The f32 factors, computed once: `lr`, `lr/(nσ)` and `1/(nσ)`.
+            let scales = Scales {
+                lr: self.es.lr,
+                update: self.es.update_scale(),
+                grad: 1.0 / (self.es.n as f32 * self.es.sigma),
+            };
+            return self.es.optimizer.step(scales, params, &u, opt);
+        }
+        // sgd: each leaf's own `lr/(nσ_j)` (separable: `u ⊘ p qᵀ` then `lr/n`); with one σ
+        // everywhere this is today's `θ − lr/(nσ) · u`, the same ops.
+        let mut u = u.into_iter();
+        let steps = Emission::new(&self.scales).steps(&f, self.es.lr, self.es.n)?;
+        let params = params
+            .iter()
+            .zip(steps)
+            .map(|(theta, step)| {
+                let mut next = || {
+                    u.next().ok_or_else(|| {
+                        invalid(
+                            "one contraction per unfrozen leaf".into(),
+                            "contract every unfrozen leaf".into(),
+                        )
+                    })
+                };
+                Ok(match step {
+                    Step::Frozen => theta.clone(),
+                    Step::Scalar(scale) => theta.sub(&next()?.mul(&scale)?)?,
+                    Step::Separable { s, scale } => theta.sub(&next()?.div(&s)?.mul(&scale)?)?,
+                })
+            })
+            .collect::<Result<Vec<Value>, EsError>>()?;
+        Ok((params, opt.to_vec()))
     }
 
     /// Fitness → weights on every device.
@@ -625,7 +726,7 @@ impl<'a> Emitter<'a> {
         opt: &[Value],
     ) -> Result<Vec<Value>, EsError> {
         let (base_key, next) = self.ask(key, generation)?;
-        let keep = self.es.keeps_noise(&self.layout.leaves);
+        let keep = self.es.keeps_noise(&self.active);
         let (fitness, kept) = self.apply(model, &base_key, params, batch, keep)?;
         let weights = self.shape_fitness(&fitness)?;
         let (mut out, opt) = self.tell(&base_key, params, &weights, kept, opt)?;

@@ -5,6 +5,7 @@
 //! - [`strategy`]: the [`Strategy`] trait and `LowRank`, `SeedRegenerated`, `IidGaussian`,
 //!   `Mirrored`;
 //! - [`shaping`]: the [`Shaping`] trait, the four shapings of the spec and their names;
+//! - [`sigma`]: per-leaf and separable σ, frozen leaves;
 //! - [`settings`]: [`ShardedES`] (validated settings, member chunks) and [`EsSpec`], the
 //!   config's `[es]` section;
 //! - [`model`]: the [`Model`] trait, [`ModelParams`] and [`check_model`];
@@ -25,6 +26,7 @@ pub mod optimizer;
 pub mod program;
 pub mod settings;
 pub mod shaping;
+pub mod sigma;
 pub mod spec;
 pub mod strategy;
 
@@ -38,5 +40,6 @@ pub use settings::{
     EsSpec, ShardedES, CHUNK_BYTES, DEFAULT_MEMBER_CHUNK, KEEP_NOISE_BYTES, TELL_CHUNK_BYTES,
 };
 pub use shaping::{Shaping, ShapingError, ShapingSpec, SHAPING_NAMES};
+pub use sigma::{LeafScale, LeafSigma, SigmaPatterns};
 pub use spec::{How, HowError, SpecError, StrategySpec};
 pub use strategy::{LeafInfo, Noise, Strategy};

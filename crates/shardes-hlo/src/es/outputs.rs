@@ -21,7 +21,7 @@ use crate::nn::Act;
 use crate::prng::emit::Keys;
 
 use super::error::{invalid, EsError};
-use super::generation::{directions, streams, Emitter};
+use super::generation::{directions, Emitter};
 use super::layout::{check_leaves, Layout, ProgramArgs, ProgramKind};
 use super::model::{Model, ModelParams};
 use super::program::Program;
@@ -200,7 +200,7 @@ impl ShardedES {
         let mut module = Module::with_mesh(name, Mesh::pop(self.devices as i64)?);
         let f = module.func("main");
         let args = layout.declare(&f)?;
-        let emitter = Emitter::new(self, &layout, chunk);
+        let emitter = Emitter::new(self, &layout, chunk)?;
         let outs = OutputsEmitter {
             es: self,
             emitter: &emitter,
@@ -271,16 +271,18 @@ impl OutputsEmitter<'_> {
         inputs: &[Value],
     ) -> Result<Vec<Value>, EsError> {
         let leaves = &self.layout.leaves[..];
+        // Frozen leaves get no noise: draws and streams are the noised leaves' only.
+        let active = self.emitter.active();
         let f = ids.func();
         let local = ids.shape()[0];
         let c = self.chunk;
         let p = self.es.strategy.pairing() as i64;
         let base = Keys::from_data(base_key)?;
-        let streams = streams(&base, leaves)?;
+        let streams = self.emitter.streams(&base)?;
         let sample = base.fold_in_const(SAMPLE_TAG)?;
         let all = if self.perturbed && self.es.strategy.materialized() {
             let (dirs, _) = directions(ids, p)?;
-            Some(self.emitter.chunk_noise(&streams, leaves, &dirs, None)?)
+            Some(self.emitter.chunk_noise(&streams, active, &dirs, None)?)
         } else {
             None
         };
@@ -304,7 +306,7 @@ impl OutputsEmitter<'_> {
                     let dstart = i.mul(&f.scalar((c / p) as i32)?)?;
                     let noise = self.emitter.chunk_noise(
                         &streams,
-                        leaves,
+                        active,
                         &dirs,
                         all.as_deref().map(|n| (n, &dstart)),
                     )?;

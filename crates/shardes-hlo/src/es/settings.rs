@@ -8,6 +8,7 @@ use super::error::{invalid, EsError};
 use super::model::Model;
 use super::optimizer::{self, Optimizer, OptimizerSpec};
 use super::shaping::{Shaping, ShapingSpec};
+use super::sigma::{LeafSettings, SigmaPatterns};
 use super::spec::{How, StrategySpec};
 use super::strategy::{from_spec, LeafInfo, Strategy};
 
@@ -24,6 +25,7 @@ pub struct ShardedES {
     pub(super) member_bytes: Option<usize>,
     pub(super) keep_noise_bytes: usize,
     pub(super) optimizer: Optimizer,
+    pub(super) leaf_sigma: LeafSettings,
 }
 
 impl std::fmt::Debug for ShardedES {
@@ -40,6 +42,7 @@ impl std::fmt::Debug for ShardedES {
             .field("member_bytes", &self.member_bytes)
             .field("keep_noise_bytes", &self.keep_noise_bytes)
             .field("optimizer", &self.optimizer)
+            .field("leaf_sigma", &self.leaf_sigma)
             .finish()
     }
 }
@@ -103,6 +106,7 @@ impl ShardedES {
             member_bytes: None,
             keep_noise_bytes: KEEP_NOISE_BYTES,
             optimizer: Optimizer::sgd(),
+            leaf_sigma: LeafSettings::default(),
         })
     }
 
@@ -535,6 +539,16 @@ pub struct EsSpec {
     /// settings (default `sgd`, today's update; left out when written back).
     #[serde(default, skip_serializing_if = "OptimizerSpec::is_default")]
     pub optimizer: OptimizerSpec,
+    /// Globs over leaf paths whose leaves are frozen ([`ShardedES::with_freeze`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub freeze: Vec<String>,
+    /// A safetensors file of separable σ, `<leaf>.p` and `<leaf>.q` per 2-D leaf, read by
+    /// the front end ([`ShardedES::with_sigma_separable`]); `build` does not read files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sigma_separable: Option<std::path::PathBuf>,
+    /// Per-leaf σ by glob pattern, first match wins (`es.sigma` for the rest; last: a table).
+    #[serde(default, skip_serializing_if = "SigmaPatterns::is_empty")]
+    pub sigma_leaves: SigmaPatterns,
 }
 
 fn default_strategy() -> StrategySpec {
@@ -554,6 +568,9 @@ impl EsSpec {
             member_chunk: None,
             keep_noise_mib: None,
             optimizer: OptimizerSpec::default(),
+            freeze: Vec::new(),
+            sigma_separable: None,
+            sigma_leaves: SigmaPatterns::default(),
         }
     }
 
@@ -594,6 +611,7 @@ impl EsSpec {
             member_bytes: None,
             keep_noise_bytes: self.keep_noise_bytes(),
             optimizer,
+            leaf_sigma: self.leaf_settings()?,
         };
         // A chunk that is set (by es.member_chunk or the strategy's chunk = C) must divide
         // the members per device; checked here, before any program is built.
