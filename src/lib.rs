@@ -8,6 +8,8 @@
 //! - [`problem`] turns a problem description into a model, parameters, a batch and a key;
 //! - [`trainer`] keeps an ES run's state on the devices and steps it;
 //! - [`io`] reads and writes parameter trees as safetensors;
+//! - [`estimate`] measures gradient estimators (one generation's estimate, central
+//!   differences, cosine/bias/variance);
 //! - [`tensorboard`] writes per-generation scalars as TensorBoard event files.
 //!
 //! The default feature `models` adds Hugging Face checkpoints (`hf`), tokenizers
@@ -19,6 +21,7 @@ pub use shardes_runtime as runtime;
 
 pub mod bench;
 pub mod dtype;
+pub mod estimate;
 #[cfg(feature = "models")]
 pub mod hf;
 pub mod io;

@@ -9,6 +9,8 @@
 //! A *vector* here is one Gaussian vector of a direction: a full-rank leaf's noise
 //! (`size_j` values, key `stream_j`), or one factor column of a low-rank leaf (`A[:, q]`,
 //! `m` values, key `c_q`; `B[:, q]`, `k` values, key `c_{r+q}`), the keys of the spec.
+//! Each vector is coupled on its own: different vectors (leaves, columns, `A` and `B`) stay
+//! independent of each other, as under `gaussian`.
 //!
 //! - `orthogonal_hd`: a vector of length `len` is coupled in blocks of `P = 2^⌈log2 len⌉`
 //!   directions. Direction `i` is row `t = i mod P` of block `b = i div P`, whose matrix is
