@@ -8,6 +8,9 @@
 //! Tolerances: integers and HD entries exact (every intermediate is an integer below
 //! `P = 4096`); floats through `erf_inv` 1e-6 absolute; orthogonality `|M Mᵀ − P I| ≤ 1e-4 P`.
 
+// Index loops read as the matrix formulas they check.
+#![allow(clippy::needless_range_loop)]
+
 mod support;
 
 use shardes::hlo::builder::{Func, Module, TensorType, Value};

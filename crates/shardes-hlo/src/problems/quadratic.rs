@@ -130,9 +130,11 @@ fn spd_sqrt(key: Key, n: usize, kappa: f64) -> Result<Vec<f32>, ProblemError> {
         .collect();
     for c in 0..n {
         for p in 0..c {
-            let dot: f64 = (0..n).map(|r| q[c][r] * q[p][r]).sum();
-            for r in 0..n {
-                q[c][r] -= dot * q[p][r];
+            let (done, rest) = q.split_at_mut(c);
+            let (col, prev) = (&mut rest[0], &done[p]);
+            let dot: f64 = col.iter().zip(prev).map(|(x, y)| x * y).sum();
+            for (x, y) in col.iter_mut().zip(prev) {
+                *x -= dot * y;
             }
         }
         let norm = q[c].iter().map(|x| x * x).sum::<f64>().sqrt();
