@@ -312,3 +312,40 @@ fn a_full_hd_block_recovers_a_quadratic_gradient_exactly() {
         );
     }
 }
+
+#[test]
+fn sobol_on_full_rank_is_refused_in_the_library_too() {
+    use shardes::hlo::es::strategy::{Coupled, SeedRegenerated};
+    use shardes::hlo::es::{Coupling, StrategySpec};
+    let e = Coupled::full_rank(Box::new(SeedRegenerated { chunk: None }), Coupling::Sobol)
+        .err()
+        .expect("refused");
+    assert!(e.to_string().contains("coupling=sobol"), "{e}");
+    assert!(
+        e.to_string().contains("lowrank(r=R, coupling=sobol)"),
+        "{e}"
+    );
+    // A spec built in code, past the parser: the program refuses to build.
+    let spec = StrategySpec::Coupled {
+        inner: Box::new(StrategySpec::IidGaussian),
+        coupling: Coupling::Sobol,
+    };
+    let (_, params, _) = mlp_on_8_devices();
+    let es = ShardedES::new(from_spec(&spec), 16, 0.1, 0.1, 1).unwrap();
+    let e = es
+        .generation_program(&Mlp::PLAIN, &leaf_infos(&params))
+        .err()
+        .expect("refused");
+    assert!(
+        e.to_string()
+            .contains("sobol couples low-rank factors only"),
+        "{e}"
+    );
+    let hd = Coupled::full_rank(
+        Box::new(SeedRegenerated { chunk: None }),
+        Coupling::OrthogonalHd,
+    )
+    .unwrap();
+    use shardes::hlo::es::Strategy;
+    assert_eq!(hd.name(), "seed_regenerated(coupling=orthogonal_hd)");
+}
