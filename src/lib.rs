@@ -10,6 +10,8 @@
 //! - [`outputs`] runs a population that returns outputs (tokens) for host rewards;
 //! - [`decode`] decodes prompts under every member's perturbation ([`PopulationDecoder`]);
 //! - [`io`] reads and writes parameter trees as safetensors;
+//! - [`estimate`] measures gradient estimators (one generation's estimate, central
+//!   differences, cosine/bias/variance);
 //! - [`tensorboard`] writes per-generation scalars as TensorBoard event files.
 //!
 //! The default feature `models` adds Hugging Face checkpoints (`hf`), tokenizers
@@ -22,6 +24,7 @@ pub use shardes_runtime as runtime;
 pub mod bench;
 pub mod decode;
 pub mod dtype;
+pub mod estimate;
 #[cfg(feature = "models")]
 pub mod finetune;
 #[cfg(feature = "models")]

@@ -11,6 +11,7 @@ use shardes::hlo::es::{
     EsError, EsSpec, How, OptimizerName, ShapingSpec, SpecError, StrategySpec, OPTIMIZER_NAMES,
 };
 use shardes::hlo::problems::control::{self, Control, Env, Fitness, ENV_NAMES};
+use shardes::hlo::problems::quadratic::Quadratic;
 use shardes::hlo::problems::transformer_block::TransformerBlock;
 
 mod task;
@@ -125,6 +126,19 @@ pub enum ProblemConfig {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         hidden: Option<Vec<usize>>,
     },
+    /// `quadratic`: `½ (θ − θ*)ᵀ H (θ − θ*)` over `b [cols]` and `w (rows, cols)` with a
+    /// known gradient (`shardes estimate` measures against it).
+    Quadratic {
+        /// Rows of `w` (default 32).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rows: Option<usize>,
+        /// Columns of `w` and the length of `b` (default 16).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cols: Option<usize>,
+        /// The condition number of `H` (default 100).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        condition: Option<f64>,
+    },
 }
 
 /// Every problem's `name` and the `[problem]` keys its [`ProblemConfig`] variant reads
@@ -145,6 +159,7 @@ pub const PROBLEM_VARIANTS: &[(&str, &[&str])] = &[
         ],
     ),
     ("control", &["env", "episodes", "episode_length", "hidden"]),
+    ("quadratic", &["rows", "cols", "condition"]),
 ];
 
 /// The problem names, in [`PROBLEM_VARIANTS`] order.
@@ -253,6 +268,33 @@ pub fn control(problem: &ProblemConfig, shaping: ShapingSpec) -> Result<Control,
     }))
 }
 
+/// The quadratic of a `quadratic` `[problem]`, with the defaults for unset keys (`rows`
+/// 32, `cols` 16, `condition` 100).
+pub fn quadratic(problem: &ProblemConfig) -> Result<Quadratic, ConfigError> {
+    let ProblemConfig::Quadratic {
+        rows,
+        cols,
+        condition,
+    } = problem
+    else {
+        return Err(ConfigError::new(
+            format!("problem \"{}\" is not quadratic", problem.name()),
+            "set problem.name = \"quadratic\"",
+        ));
+    };
+    Quadratic::new(
+        rows.unwrap_or(32),
+        cols.unwrap_or(16),
+        condition.unwrap_or(100.0),
+    )
+    .map_err(|e| {
+        ConfigError::new(
+            format!("problem.{e}"),
+            "rows and cols between 1 and 4096, condition a finite number of at least 1",
+        )
+    })
+}
+
 /// The environment `problem.env` names, or the error listing the valid ones.
 fn control_env(env: Option<&str>) -> Result<Env, ConfigError> {
     let Some(name) = env else {
@@ -277,6 +319,7 @@ impl ProblemConfig {
             ProblemConfig::TransformerBlock { .. } => "transformer_block",
             ProblemConfig::Qwen2 { .. } => "qwen2",
             ProblemConfig::Control { .. } => "control",
+            ProblemConfig::Quadratic { .. } => "quadratic",
         }
     }
 
@@ -289,7 +332,7 @@ impl ProblemConfig {
                 seq,
             } => (d_model, batch, seq),
             ProblemConfig::Qwen2 { batch, seq, .. } => (None, batch, seq),
-            ProblemConfig::Control { .. } => (None, None, None),
+            ProblemConfig::Control { .. } | ProblemConfig::Quadratic { .. } => (None, None, None),
         };
         [
             ("problem.d_model", d_model),
@@ -304,6 +347,9 @@ impl ProblemConfig {
     fn check(&self, task: bool) -> Result<(), ConfigError> {
         if let ProblemConfig::Control { .. } = self {
             return control(self, ShapingSpec::default()).map(|_| ());
+        }
+        if let ProblemConfig::Quadratic { .. } = self {
+            return quadratic(self).map(|_| ());
         }
         let ProblemConfig::Qwen2 {
             checkpoint,

@@ -87,6 +87,7 @@ fn starting_values(
             ("checkpoint", "\"path/to/Qwen2.5-0.5B-Instruct\""),
             ("data", "\"path/to/data.jsonl\""),
         ],
+        "quadratic" => &[("name", "\"quadratic\"")],
         _ => &[("name", "\"control\""), ("env", "\"cartpole_balance\"")],
     };
     let mut v = Vec::new();
@@ -122,6 +123,11 @@ fn problem_defaults(problem: &str) -> Vec<(&'static str, String)> {
             ]
         }
         "qwen2" => vec![("compute_dtype", "\"f32\"".into())],
+        "quadratic" => vec![
+            ("rows", "32".into()),
+            ("cols", "16".into()),
+            ("condition", "100.0".into()),
+        ],
         _ => Vec::new(),
     }
 }
@@ -184,6 +190,12 @@ fn doc(section: &str, key: &str, problem: &str) -> Option<(String, Option<String
         ),
         ("problem", "episode_length") => e("Steps per episode.", "200"),
         ("problem", "hidden") => e("Hidden layer sizes of the tanh MLP policy.", "[32, 32]"),
+        ("problem", "rows") => d("Rows of the quadratic's matrix leaf w (1 to 4096)."),
+        ("problem", "cols") => d("Columns of w and the length of the vector leaf b (1 to 4096)."),
+        ("problem", "condition") => d(
+            "Condition number of the quadratic's Hessian (>= 1); its gradient is known, so \
+             `shardes estimate` measures estimators against it.",
+        ),
         ("es", "strategy") => Some((
             format!(
                 "Perturbation strategy: {} (e.g. \"lowrank(r=2)\", \"mirrored(seed_regenerated)\").",

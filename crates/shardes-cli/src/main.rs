@@ -15,6 +15,7 @@ mod bench;
 mod completions;
 mod config;
 mod diag;
+mod estimate;
 mod init;
 mod inspect;
 mod out;
@@ -52,6 +53,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// What the generation program costs to build and compile.
     Diag(diag::DiagArgs),
+    /// Gradient-estimate quality per strategy and coupling: cosine to the true gradient, bias, variance.
+    Estimate(estimate::EstimateArgs),
     /// Draw a run's curves (fitness, ms/gen, held-out eval) as SVG or PNG; runs overlay.
     Plot(plot::PlotArgs),
     /// Print a starter config with every key and its default, e.g. `shardes init > my.toml`.
@@ -119,6 +122,7 @@ fn main() -> ExitCode {
         Command::Check(a) => inspect::check(a).map(|n| u8::from(n > 0)),
         Command::Bench(a) => bench::run(a).map(|()| 0),
         Command::Diag(a) => diag::run(a).map(|()| 0),
+        Command::Estimate(a) => estimate::run(a).map(|()| 0),
         Command::Plot(a) => plot::run(a).map(|()| 0),
         Command::Init(a) => init::run(a).map(|()| 0),
         Command::Completions(a) => {

@@ -282,7 +282,7 @@ fn load_run(dir: &Path, name: String) -> Result<Run> {
 
 const WIDTH: u32 = 1000;
 const PANEL_HEIGHT: u32 = 340;
-const FONT: &str = "sans-serif";
+pub(crate) const FONT: &str = "sans-serif";
 
 /// Distinct, colour-blind friendly (Tableau 10).
 const COLORS: [RGBColor; 10] = [
@@ -303,7 +303,7 @@ fn color(i: usize) -> RGBColor {
 }
 
 /// ab_glyph draws only registered fonts: the embedded DejaVu Sans stands in for every family.
-fn register_fonts() -> Result<()> {
+pub(crate) fn register_fonts() -> Result<()> {
     static OK: OnceLock<bool> = OnceLock::new();
     let ok = *OK.get_or_init(|| {
         let mut ok = true;
@@ -366,7 +366,7 @@ fn encode_png(rgb: &[u8], (w, h): (u32, u32)) -> Result<Vec<u8>> {
 }
 
 /// A synced temporary sibling renamed over `path`, so a viewer never reads half a plot.
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),

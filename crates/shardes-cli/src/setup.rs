@@ -17,7 +17,9 @@ use shardes::runtime::plugin::{CPU, NAMED};
 use shardes::runtime::{Client, ClientOptions, Plugin, RuntimeError};
 use shardes::{Problem, ProblemError, Qwen2Source, Qwen2Weights};
 
-use crate::config::{control, es_error, transformer_block, Config, ConfigError, ProblemConfig};
+use crate::config::{
+    control, es_error, quadratic, transformer_block, Config, ConfigError, ProblemConfig,
+};
 
 /// Everything a run needs: the ES, the [`Problem`] and a client to run it on.
 pub struct Setup {
@@ -51,6 +53,8 @@ pub enum Described {
     Qwen2(Qwen2Source),
     /// `control`.
     Control(shardes::hlo::problems::control::Control),
+    /// `quadratic`.
+    Quadratic(shardes::hlo::problems::quadratic::Quadratic),
 }
 
 impl Described {
@@ -66,6 +70,7 @@ impl Described {
             ProblemConfig::Control { .. } => {
                 Described::Control(control(&config.problem, config.es.shaping)?)
             }
+            ProblemConfig::Quadratic { .. } => Described::Quadratic(quadratic(&config.problem)?),
         })
     }
 
@@ -75,6 +80,7 @@ impl Described {
             Described::TransformerBlock(tb) => Problem::transformer_block(tb, seed),
             Described::Qwen2(q) => Problem::qwen2(&q, seed),
             Described::Control(c) => Problem::control(c, seed),
+            Described::Quadratic(q) => Problem::quadratic(q, seed),
         }
         .map_err(problem_error)
     }
@@ -85,6 +91,7 @@ impl Described {
             Described::TransformerBlock(tb) => Problem::transformer_block_shapes(tb, seed),
             Described::Qwen2(q) => Problem::qwen2_shapes(&q, seed),
             Described::Control(c) => Problem::control_shapes(c, seed),
+            Described::Quadratic(q) => Problem::quadratic_shapes(q, seed),
         }
         .map_err(problem_error)
     }

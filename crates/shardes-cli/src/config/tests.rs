@@ -76,6 +76,9 @@ fn problem_keys_match_the_variants() {
         ("episodes", "3"),
         ("episode_length", "50"),
         ("hidden", "[8, 4]"),
+        ("rows", "4"),
+        ("cols", "3"),
+        ("condition", "10.0"),
     ];
     for (name, keys) in PROBLEM_VARIANTS {
         let mut body = format!("name = \"{name}\"\n");
@@ -114,7 +117,10 @@ fn problem_keys_match_the_variants() {
             "env",
             "episodes",
             "episode_length",
-            "hidden"
+            "hidden",
+            "rows",
+            "cols",
+            "condition"
         ]
     );
 }

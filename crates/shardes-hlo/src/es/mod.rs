@@ -3,7 +3,8 @@
 //! - [`spec`]: strategy and placement names as written in configs
 //!   (`mirrored(lowrank(r=1))`, `B`);
 //! - [`strategy`]: the [`Strategy`] trait and `LowRank`, `SeedRegenerated`, `IidGaussian`,
-//!   `Mirrored`;
+//!   `Mirrored`, `Coupled`;
+//! - [`coupling`]: coupled noise ([`Coupling`]: `gaussian`, `orthogonal_hd`, `sobol`);
 //! - [`shaping`]: the [`Shaping`] trait, the four shapings of the spec and their names;
 //! - [`sigma`]: per-leaf and separable σ, frozen leaves;
 //! - [`settings`]: [`ShardedES`] (validated settings, member chunks) and [`EsSpec`], the
@@ -17,6 +18,7 @@
 //! - [`program`]: the programs ([`ShardedES::generation_program`] and the others);
 //! - [`error`]: the error type, [`EsError`].
 
+pub mod coupling;
 pub mod error;
 mod generation;
 pub mod layout;
@@ -30,6 +32,7 @@ pub mod sigma;
 pub mod spec;
 pub mod strategy;
 
+pub use coupling::{Coupling, COUPLING_NAMES};
 pub use error::EsError;
 pub use layout::{Layout, ProgramArgs, ProgramKind, ProgramResults};
 pub use model::{check_model, leaf_infos, Access, Finding, Model, ModelParams};

@@ -1,9 +1,10 @@
 //! Textual names of strategies and placements, as written in a config file (shapings have
 //! theirs in [`super::shaping::ShapingSpec`]).
 //!
-//! `"mirrored(lowrank(r=1))"`, `"seed_regenerated(chunk=4)"`, `"iid_gaussian"`: the grammar is
-//! `name` or `name(arg, ...)` where an argument is `key=integer` or a nested strategy (only
-//! `mirrored` takes one). Placements are `"A"` and `"B"` ([`How`]). Parsing and
+//! `"mirrored(lowrank(r=1))"`, `"seed_regenerated(chunk=4)"`, `"iid_gaussian"`,
+//! `"lowrank(r=1, coupling=orthogonal_hd)"`: the grammar is `name` or `name(arg, ...)` where
+//! an argument is `key=integer`, `key=name` (only `coupling`, see [`super::coupling`]) or a
+//! nested strategy (only `mirrored` takes one). Placements are `"A"` and `"B"` ([`How`]). Parsing and
 //! [`std::fmt::Display`] round-trip, and serde reads and writes each through them.
 
 use std::fmt;
@@ -11,12 +12,15 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer};
 
+use super::coupling::{Coupling, COUPLING_NAMES};
+
 /// The names that [`StrategySpec::from_str`] accepts, for error messages.
 pub const STRATEGY_NAMES: &[&str] = &[
     "lowrank(r=R)",
     "seed_regenerated(chunk=C)",
     "iid_gaussian",
     "mirrored(STRATEGY)",
+    "and the first three with coupling=gaussian|orthogonal_hd|sobol",
 ];
 
 /// A perturbation strategy by name and arguments (see the ES spec for what each computes).
@@ -37,6 +41,15 @@ pub enum StrategySpec {
     IidGaussian,
     /// Antithetic pairs: members `2k` and `2k+1` share direction `k` at `+σ` and `−σ`.
     Mirrored(Box<StrategySpec>),
+    /// `inner` (`LowRank`, `SeedRegenerated` or `IidGaussian`) with its Gaussian directions
+    /// drawn jointly by `coupling` (never [`Coupling::Gaussian`], which is `inner` itself);
+    /// written as `inner`'s last argument, `lowrank(r=1, coupling=orthogonal_hd)`.
+    Coupled {
+        /// The strategy whose directions are coupled.
+        inner: Box<StrategySpec>,
+        /// How they are coupled.
+        coupling: Coupling,
+    },
 }
 
 /// A strategy string that does not parse; the message names the part that is wrong.
@@ -69,6 +82,9 @@ impl fmt::Display for StrategySpec {
             StrategySpec::SeedRegenerated { chunk: None } => write!(f, "seed_regenerated"),
             StrategySpec::IidGaussian => write!(f, "iid_gaussian"),
             StrategySpec::Mirrored(inner) => write!(f, "mirrored({inner})"),
+            StrategySpec::Coupled { inner, coupling } => {
+                f.write_str(&with_coupling(&inner.to_string(), *coupling))
+            }
         }
     }
 }
@@ -101,6 +117,16 @@ impl FromStr for StrategySpec {
             )));
         }
         Ok(spec)
+    }
+}
+
+/// A strategy's canonical name with `coupling=NAME` as its last argument:
+/// `lowrank(r=1)` → `lowrank(r=1, coupling=sobol)`, `iid_gaussian` →
+/// `iid_gaussian(coupling=sobol)`.
+pub fn with_coupling(name: &str, coupling: Coupling) -> String {
+    match name.strip_suffix(')') {
+        Some(head) => format!("{head}, coupling={coupling})"),
+        None => format!("{name}(coupling={coupling})"),
     }
 }
 
@@ -231,6 +257,8 @@ struct Parser<'a> {
 
 enum Arg {
     Int(String, usize),
+    /// `key=name`.
+    Word(String, String),
     Strategy(StrategySpec),
 }
 
@@ -298,6 +326,7 @@ impl Parser<'_> {
             }
             self.depth -= 1;
         }
+        let coupling = take_coupling(&name, &mut args)?;
         let int_arg = |args: &[Arg], key: &str| -> Result<Option<usize>, String> {
             let mut found = None;
             for a in args {
@@ -310,13 +339,16 @@ impl Parser<'_> {
                         }
                         found = Some(*v)
                     }
-                    Arg::Int(k, _) if key.is_empty() => {
+                    Arg::Word(k, _) if k == key => {
+                        return Err(format!("argument {key} needs a non-negative integer"))
+                    }
+                    Arg::Int(k, _) | Arg::Word(k, _) if key.is_empty() => {
                         return Err(format!(
                             "{name} takes no argument \"{}\" (it takes none)",
                             excerpt(k)
                         ))
                     }
-                    Arg::Int(k, _) => {
+                    Arg::Int(k, _) | Arg::Word(k, _) => {
                         return Err(format!(
                             "{name} takes no argument \"{}\" (it takes {key})",
                             excerpt(k)
@@ -329,7 +361,7 @@ impl Parser<'_> {
             }
             Ok(found)
         };
-        match name.as_str() {
+        let spec = match name.as_str() {
             "lowrank" | "low_rank" | "eggroll" => {
                 let r = int_arg(&args, "r")?.unwrap_or(1);
                 if r == 0 {
@@ -358,7 +390,8 @@ impl Parser<'_> {
                 _ => Err("mirrored takes exactly one strategy, e.g. mirrored(lowrank(r=1))".into()),
             },
             other => Err(format!("unknown strategy \"{}\"", excerpt(other))),
-        }
+        }?;
+        couple(spec, coupling)
     }
 
     fn arg(&mut self) -> Result<Arg, String> {
@@ -369,6 +402,9 @@ impl Parser<'_> {
                 return Err("expected an argument name before '='".into());
             }
             self.skip_ws();
+            if self.peek().is_some_and(char::is_alphabetic) {
+                return Ok(Arg::Word(key, self.ident()));
+            }
             let start = self.pos;
             while let Some(c) = self.peek().filter(char::is_ascii_digit) {
                 self.pos += c.len_utf8();
@@ -393,6 +429,65 @@ impl Parser<'_> {
             self.pos = save;
             Ok(Arg::Strategy(self.strategy()?))
         }
+    }
+}
+
+/// Removes the `coupling=NAME` argument from `args` and parses it (`None` when absent).
+fn take_coupling(name: &str, args: &mut Vec<Arg>) -> Result<Option<Coupling>, String> {
+    let mut found: Option<Coupling> = None;
+    let mut rest = Vec::with_capacity(args.len());
+    for a in args.drain(..) {
+        match a {
+            Arg::Word(k, v) if k == "coupling" => {
+                if found.is_some() {
+                    return Err(format!(
+                        "{name} is given argument coupling twice; give it once"
+                    ));
+                }
+                found = Some(
+                    v.parse()
+                        .map_err(|e: super::coupling::UnknownCoupling| e.to_string())?,
+                );
+            }
+            Arg::Int(k, _) if k == "coupling" => {
+                return Err(format!(
+                    "argument coupling needs a name: {}",
+                    COUPLING_NAMES.join(", ")
+                ))
+            }
+            other => rest.push(other),
+        }
+    }
+    *args = rest;
+    Ok(found)
+}
+
+/// `spec` with its directions drawn by `coupling`: refused where the strategy draws no
+/// Gaussian directions of its own (`mirrored`: couple its inner strategy) or cannot be
+/// coupled that way (`sobol` needs low-rank factors).
+fn couple(spec: StrategySpec, coupling: Option<Coupling>) -> Result<StrategySpec, String> {
+    let Some(coupling) = coupling else {
+        return Ok(spec);
+    };
+    match &spec {
+        StrategySpec::Mirrored(inner) => Err(format!(
+            "mirrored takes no coupling; give it to the inner strategy: mirrored({})",
+            with_coupling(&inner.to_string(), coupling)
+        )),
+        StrategySpec::SeedRegenerated { .. } | StrategySpec::IidGaussian
+            if coupling.needs_factors() =>
+        {
+            Err(format!(
+                "coupling={coupling} needs low-rank factors, but {spec} draws full-rank noise \
+                 (the Sobol direction numbers cover 21,201 dimensions); use \
+                 lowrank(r=R, coupling={coupling}), or coupling=orthogonal_hd"
+            ))
+        }
+        _ if coupling == Coupling::Gaussian => Ok(spec),
+        _ => Ok(StrategySpec::Coupled {
+            inner: Box::new(spec),
+            coupling,
+        }),
     }
 }
 
@@ -576,5 +671,77 @@ mod tests {
             .to_string();
         assert!(e.contains("unknown strategy \"lowrnk\""), "{e}");
         assert!(serde_json::from_str::<How>("1").is_err());
+    }
+
+    #[test]
+    fn couplings_parse_round_trip_and_default_to_the_plain_strategy() {
+        for (text, canonical) in [
+            (
+                "lowrank(r=1, coupling=orthogonal_hd)",
+                "lowrank(r=1, coupling=orthogonal_hd)",
+            ),
+            (
+                "mirrored(lowrank(coupling=sobol, r=2))",
+                "mirrored(lowrank(r=2, coupling=sobol))",
+            ),
+            (
+                "seed_regenerated(coupling=orthogonal_hd)",
+                "seed_regenerated(coupling=orthogonal_hd)",
+            ),
+            (
+                "seed_regenerated(chunk=4, coupling=orthogonal_hd)",
+                "seed_regenerated(chunk=4, coupling=orthogonal_hd)",
+            ),
+            (
+                "mirrored(iid_gaussian(coupling=ORTHOGONAL_HD))",
+                "mirrored(iid_gaussian(coupling=orthogonal_hd))",
+            ),
+            ("lowrank(r=1, coupling=gaussian)", "lowrank(r=1)"),
+            ("iid_gaussian(coupling=gaussian)", "iid_gaussian"),
+        ] {
+            let s: StrategySpec = text.parse().unwrap();
+            assert_eq!(s.to_string(), canonical, "{text}");
+            assert_eq!(canonical.parse::<StrategySpec>().unwrap(), s);
+        }
+        assert_eq!(
+            "lowrank(r=1, coupling=gaussian)".parse::<StrategySpec>(),
+            Ok(StrategySpec::LowRank { r: 1 })
+        );
+        let s: StrategySpec = "mirrored(lowrank(r=1, coupling=sobol))".parse().unwrap();
+        assert_eq!(s.pairing(), 2);
+    }
+
+    #[test]
+    fn bad_couplings_are_refused_naming_the_fix() {
+        for (text, needle) in [
+            (
+                "seed_regenerated(coupling=sobol)",
+                "coupling=sobol needs low-rank factors",
+            ),
+            (
+                "mirrored(iid_gaussian(coupling=sobol))",
+                "use lowrank(r=R, coupling=sobol)",
+            ),
+            ("lowrank(r=1, coupling=sobl)", "unknown coupling \"sobl\""),
+            (
+                "lowrank(r=1, coupling=sobl)",
+                "valid: gaussian, orthogonal_hd, sobol",
+            ),
+            (
+                "lowrank(coupling=sobol, coupling=sobol)",
+                "argument coupling twice",
+            ),
+            ("lowrank(coupling=3)", "coupling needs a name"),
+            (
+                "mirrored(lowrank(r=1), coupling=orthogonal_hd)",
+                "mirrored takes no coupling; give it to the inner strategy: \
+                 mirrored(lowrank(r=1, coupling=orthogonal_hd))",
+            ),
+            ("lowrank(k=sobol)", "takes no argument \"k\""),
+            ("iid_gaussian(mode=x)", "takes no argument \"mode\""),
+        ] {
+            let e = text.parse::<StrategySpec>().unwrap_err();
+            assert!(e.reason.contains(needle), "{text}: {e}");
+        }
     }
 }

@@ -8,7 +8,8 @@
 use crate::builder::{Result, TensorType, Value};
 use crate::prng::emit::{normal_of_bits, Keys};
 
-use super::spec::StrategySpec;
+use super::coupling::{hd_noise, sobol_normals, Coupling};
+use super::spec::{with_coupling, StrategySpec};
 
 /// What the program knows about a parameter leaf.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -406,5 +407,164 @@ pub fn from_spec(spec: &StrategySpec) -> Box<dyn Strategy> {
         StrategySpec::SeedRegenerated { chunk } => Box::new(SeedRegenerated { chunk: *chunk }),
         StrategySpec::IidGaussian => Box::new(IidGaussian),
         StrategySpec::Mirrored(inner) => Box::new(Mirrored(from_spec(inner))),
+        StrategySpec::Coupled { inner, coupling } => match inner.as_ref() {
+            // The parser never nests these; a spec built in code gets the same meaning.
+            StrategySpec::Mirrored(x) => Box::new(Mirrored(from_spec(&StrategySpec::Coupled {
+                inner: x.clone(),
+                coupling: *coupling,
+            }))),
+            StrategySpec::Coupled { inner, .. } => from_spec(&StrategySpec::Coupled {
+                inner: inner.clone(),
+                coupling: *coupling,
+            }),
+            StrategySpec::LowRank { r } => Box::new(Coupled::lowrank(LowRank { r: *r }, *coupling)),
+            other => Box::new(Coupled {
+                inner: from_spec(other),
+                rank: None,
+                coupling: *coupling,
+            }),
+        },
+    }
+}
+
+/// A strategy whose Gaussian directions are drawn jointly by a [`Coupling`]
+/// (`es::coupling` defines each): low-rank factors, or full-rank noise regenerated
+/// ([`SeedRegenerated`]) or materialized ([`IidGaussian`]). Under
+/// [`Coupling::Gaussian`] it is its inner strategy, program for program.
+pub struct Coupled {
+    inner: Box<dyn Strategy>,
+    /// `Some(r)` for low-rank factors.
+    rank: Option<usize>,
+    coupling: Coupling,
+}
+
+impl Coupled {
+    /// Low-rank factors drawn by `coupling` (every coupling applies).
+    pub fn lowrank(inner: LowRank, coupling: Coupling) -> Coupled {
+        Coupled {
+            rank: Some(inner.r),
+            inner: Box::new(inner),
+            coupling,
+        }
+    }
+
+    /// Full-rank noise (`inner` a [`SeedRegenerated`] or [`IidGaussian`]) drawn by
+    /// `coupling`; [`Coupling::Sobol`] is refused (it needs low-rank factors).
+    pub fn full_rank(
+        inner: Box<dyn Strategy>,
+        coupling: Coupling,
+    ) -> Result<Coupled, super::EsError> {
+        if coupling.needs_factors() {
+            return Err(super::error::invalid(
+                format!(
+                    "coupling={coupling} on {}, which draws full-rank noise",
+                    inner.name()
+                ),
+                format!(
+                    "use lowrank(r=R, coupling={coupling}) (the Sobol direction numbers cover \
+                     21,201 dimensions, low-rank factors only), or coupling=orthogonal_hd"
+                ),
+            ));
+        }
+        Ok(Coupled {
+            inner,
+            rank: None,
+            coupling,
+        })
+    }
+
+    /// The coupling.
+    pub fn coupling(&self) -> Coupling {
+        self.coupling
+    }
+
+    fn refuse(&self, reason: String) -> crate::builder::HloError {
+        crate::builder::HloError::InvalidAttribute {
+            op: format!("{}.noise", self.name()),
+            types: String::new(),
+            reason,
+        }
+    }
+
+    /// One leaf's coupled noise, `stream` its key (scalar batch).
+    fn leaf_noise(&self, stream: &Keys, leaf: &LeafInfo, dirs: &Value) -> Result<Noise> {
+        let d = dirs.shape()[0];
+        let mut dense_shape = vec![d];
+        dense_shape.extend_from_slice(&leaf.shape);
+        let size: i64 = leaf.shape.iter().product();
+        match (self.rank, leaf.shape.as_slice(), self.coupling) {
+            (_, _, Coupling::Gaussian) => self.inner.noise(stream, leaf, dirs),
+            (Some(r), [m, k], Coupling::OrthogonalHd) => {
+                let f = dirs.func();
+                let r = r as i64;
+                let cols = stream.fold_in(&f.iota(TensorType::u32(&[2 * r]), 0)?)?;
+                let half = |lo: i64| -> Result<Keys> {
+                    let (k0, k1) = cols.words();
+                    let cut = |w: &Value| w.slice_in_dim(lo, lo + r, 0)?.reshape(&[1, r]);
+                    Keys::new(cut(k0)?, cut(k1)?)
+                };
+                let column = dirs.reshape(&[d, 1])?;
+                Ok(Noise::Factors {
+                    a: hd_noise(&half(0)?, &column, *m)?,
+                    b: hd_noise(&half(r)?, &column, *k)?,
+                })
+            }
+            (Some(r), [m, k], Coupling::Sobol) => {
+                let dims = r as i64 * (m + k);
+                let z = sobol_normals(stream, dirs, dims as usize)?;
+                let rm = r as i64 * m;
+                Ok(Noise::Factors {
+                    a: z.slice_in_dim(0, rm, 1)?.reshape(&[d, r as i64, *m])?,
+                    b: z.slice_in_dim(rm, dims, 1)?.reshape(&[d, r as i64, *k])?,
+                })
+            }
+            (Some(_), _, Coupling::Sobol) => full_rank_noise(stream, leaf, dirs),
+            (None, _, Coupling::Sobol) => Err(self.refuse(
+                "sobol couples low-rank factors only; use lowrank(r=R, coupling=sobol)".into(),
+            )),
+            (_, _, Coupling::OrthogonalHd) => Ok(Noise::Dense(
+                hd_noise(stream, dirs, size)?.reshape(&dense_shape)?,
+            )),
+        }
+    }
+}
+
+impl Strategy for Coupled {
+    fn name(&self) -> String {
+        match self.coupling {
+            Coupling::Gaussian => self.inner.name(),
+            c => with_coupling(&self.inner.name(), c),
+        }
+    }
+
+    fn pairing(&self) -> usize {
+        self.inner.pairing()
+    }
+
+    fn materialized(&self) -> bool {
+        self.inner.materialized()
+    }
+
+    fn chunk(&self) -> Option<usize> {
+        self.inner.chunk()
+    }
+
+    fn noise(&self, stream: &Keys, leaf: &LeafInfo, dirs: &Value) -> Result<Noise> {
+        self.leaf_noise(stream, leaf, dirs)
+    }
+
+    fn noise_all(&self, streams: &Keys, leaves: &[LeafInfo], dirs: &Value) -> Result<Vec<Noise>> {
+        if self.coupling == Coupling::Gaussian {
+            return self.inner.noise_all(streams, leaves, dirs);
+        }
+        leaves
+            .iter()
+            .enumerate()
+            .map(|(j, l)| self.leaf_noise(&streams.at(j as i64)?, l, dirs))
+            .collect()
+    }
+
+    fn noise_elements(&self, leaf: &LeafInfo) -> usize {
+        self.inner.noise_elements(leaf)
     }
 }

@@ -11,9 +11,13 @@
 //! emitted programs are tested against and what builds initial parameters and data. The
 //! threefry tables ([`THREEFRY_ROTATIONS`], [`THREEFRY_PARITY`], [`THREEFRY_INJECTIONS`])
 //! live in [`host`] and are the single source for every implementation.
+//!
+//! [`sobol`] holds the Joe–Kuo Sobol direction numbers (quasi-random points for the
+//! `sobol` noise coupling, `es::coupling`).
 
 pub mod emit;
 pub mod host;
+pub mod sobol;
 
 pub use emit::Keys;
 

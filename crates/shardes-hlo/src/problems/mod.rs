@@ -16,6 +16,7 @@ use crate::params::{Array, ParamError, ParamTree};
 use crate::prng::PrngError;
 
 pub mod control;
+pub mod quadratic;
 pub mod qwen2;
 pub mod transformer_block;
 
