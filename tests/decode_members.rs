@@ -60,8 +60,7 @@ fn decode(
     client: &Client,
     strategy: &str,
     devices: usize,
-    cfg: &Qwen2Config,
-    tree: &ParamTree,
+    (cfg, tree): (&Qwen2Config, &ParamTree),
     k: Key,
     generation: u32,
     ids: &[i32],
@@ -116,7 +115,7 @@ fn each_member_decodes_what_its_materialized_perturbation_decodes() {
         ("mirrored(lowrank(r=2))", Inner::LowRank(2), true),
         ("seed_regenerated", Inner::FullRank, false),
     ] {
-        let tokens = decode(&client, strategy, 8, &cfg, &tree, k, generation, &ids);
+        let tokens = decode(&client, strategy, 8, (&cfg, &tree), k, generation, &ids);
         let host = Es {
             inner,
             mirrored,
@@ -157,8 +156,8 @@ fn tokens_are_identical_on_1_and_8_devices() {
     let k = key(4).unwrap();
     for strategy in ["mirrored(lowrank(r=1))", "seed_regenerated"] {
         assert_eq!(
-            decode(&client, strategy, 1, &cfg, &tree, k, 0, &ids),
-            decode(&client, strategy, 8, &cfg, &tree, k, 0, &ids),
+            decode(&client, strategy, 1, (&cfg, &tree), k, 0, &ids),
+            decode(&client, strategy, 8, (&cfg, &tree), k, 0, &ids),
             "{strategy}"
         );
     }

@@ -185,15 +185,7 @@ fn greedy_decoding_of_the_fixture_equals_transformers_generate() {
             eos: case.eos.clone(),
             ..loaded.decode_config(b, p, want.max_new_tokens)
         };
-        let d = PopulationDecoder::new(
-            &client,
-            &es(8),
-            loaded.decoder(&config),
-            &loaded.params,
-            loaded.key,
-            config,
-        )
-        .unwrap();
+        let d = PopulationDecoder::from_qwen2(&client, &es(8), &loaded, config).unwrap();
         let got = d.decode_plain(&want.prompt_ids).unwrap();
         assert_eq!(got, case.completions, "eos {:?}", case.eos);
     }

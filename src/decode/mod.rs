@@ -19,8 +19,10 @@ pub use source::{load_qwen2, LoadedQwen2};
 
 pub use shardes_hlo::decode::{Bounded, DecodeShape, DecodeSpec, Decoder, PlainRows, Sampling};
 
+use std::sync::OnceLock;
+
 use shardes_hlo::es::strategy::LowRank;
-use shardes_hlo::es::{leaf_infos, Layout, ShardedES, WithTasks};
+use shardes_hlo::es::{leaf_infos, Program, ShardedES, WithTasks};
 use shardes_hlo::params::ParamTree;
 use shardes_hlo::prng::Key;
 use shardes_runtime::{Client, Executable};
@@ -145,13 +147,15 @@ pub struct PopulationDecoder {
     runner: OutputsRunner,
     config: DecodeConfig,
     vocab: usize,
-    plain: Executable,
-    plain_layout: Layout,
+    /// The evaluation program, compiled on the first [`PopulationDecoder::decode_plain`].
+    plain_program: Program,
+    plain: OnceLock<Executable>,
 }
 
 impl PopulationDecoder {
-    /// Compiles the decode, plain-decode and tell programs of `decoder` for `config` and
-    /// uploads the state at generation 0.
+    /// Compiles the decode and tell programs of `decoder` for `config` (the evaluation
+    /// program on the first [`PopulationDecoder::decode_plain`]) and uploads the state at
+    /// generation 0.
     pub fn new<D: Decoder + Clone>(
         client: &Client,
         es: &ShardedES,
@@ -192,14 +196,13 @@ impl PopulationDecoder {
             ..config.clone()
         }
         .spec(decoder)?;
-        let program = eval_es.plain_outputs_program(&eval, &leaf_infos(params))?;
-        let plain = runner.compile(&program)?;
+        let plain_program = eval_es.plain_outputs_program(&eval, &leaf_infos(params))?;
         Ok(PopulationDecoder {
             runner,
             config,
             vocab,
-            plain,
-            plain_layout: program.layout,
+            plain_program,
+            plain: OnceLock::new(),
         })
     }
 
@@ -295,10 +298,18 @@ impl PopulationDecoder {
     }
 
     /// The unperturbed parameters' greedy completions of `prompts` (for evaluation), one
-    /// per prompt, trimmed like [`PopulationDecoder::decode`]'s.
+    /// per prompt, trimmed like [`PopulationDecoder::decode`]'s. The first call compiles
+    /// the evaluation program.
     pub fn decode_plain(&self, prompts: &[Vec<u32>]) -> Result<Vec<Vec<u32>>, Error> {
         let inputs = self.inputs(prompts)?;
-        let out = self.runner.run(&self.plain, &self.plain_layout, &inputs)?;
+        let exe = match self.plain.get() {
+            Some(exe) => exe,
+            None => {
+                let exe = self.runner.compile(&self.plain_program)?;
+                self.plain.get_or_init(|| exe)
+            }
+        };
+        let out = self.runner.run(exe, &self.plain_program.layout, &inputs)?;
         let mut d = self.completions(&out, 1, prompts.len())?;
         Ok(d.tokens.swap_remove(0))
     }

@@ -3,13 +3,16 @@
 
 use shardes_hlo::builder::DType;
 use shardes_hlo::decode::Bounded;
+use shardes_hlo::es::ShardedES;
 use shardes_hlo::params::ParamTree;
 use shardes_hlo::prng::Key;
 use shardes_hlo::problems::qwen2::{Qwen2, Qwen2Config};
+use shardes_runtime::Client;
 
-use super::DecodeConfig;
+use super::{DecodeConfig, PopulationDecoder};
 use crate::problem::qwen2::Qwen2Weights;
 use crate::problem::{run_key, ProblemError, Setting};
+use crate::Error;
 
 /// A Qwen2 loaded for decoding.
 #[derive(Debug, Clone)]
@@ -49,6 +52,20 @@ impl LoadedQwen2 {
             pad: self.pad.or(self.eos.first().copied()).unwrap_or(0),
             ..DecodeConfig::greedy(batch, prompt_len, max_new)
         }
+    }
+}
+
+impl PopulationDecoder {
+    /// The population decoder of a loaded Qwen2 at generation 0 (its parameters and key);
+    /// resume with [`PopulationDecoder::with_state`] and `loaded.decoder(&config)`.
+    pub fn from_qwen2(
+        client: &Client,
+        es: &ShardedES,
+        loaded: &LoadedQwen2,
+        config: DecodeConfig,
+    ) -> Result<PopulationDecoder, Error> {
+        let decoder = loaded.decoder(&config);
+        Self::new(client, es, decoder, &loaded.params, loaded.key, config)
     }
 }
 

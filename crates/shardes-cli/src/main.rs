@@ -12,6 +12,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 use shardes::runtime::RuntimeError;
 
 mod bench;
+mod bench_decode;
 mod completions;
 mod config;
 mod diag;

@@ -1,0 +1,67 @@
+//! `shardes bench` on a decode config (a `[decode]` section): the table of the ES decode
+//! against the plain batched decode, the JSON report, and config errors (exit 2).
+
+mod common;
+
+use common::{refused, shardes, text, write};
+
+/// A decode config small enough to compile and run in well under a minute.
+fn decode_config(extra: &str) -> String {
+    format!(
+        r#"devices = 2
+[decode]
+size = "tiny"
+batch = 2
+prompt_len = 4
+max_new = 3
+{extra}
+[es]
+strategy = "mirrored(lowrank(r=1))"
+n = 8
+sigma = 0.01
+lr = 0.01
+"#
+    )
+}
+
+#[test]
+fn bench_on_a_decode_config_prints_the_ratio_and_writes_json() {
+    let d = tempfile::tempdir().unwrap();
+    let c = write(d.path(), "d.toml", &decode_config(""));
+    let json = d.path().join("r.json");
+    let o = shardes(&[
+        "bench",
+        &c.to_string_lossy(),
+        "--generations",
+        "2",
+        "--warmup",
+        "0",
+        "--json",
+        &json.to_string_lossy(),
+    ]);
+    let (table, stderr) = text(&o);
+    assert!(o.status.success(), "{table}\n{stderr}");
+    assert!(
+        table.contains("ES decode") && table.contains("plain decode"),
+        "{table}"
+    );
+    assert!(table.contains("tokens/s ratio"), "{table}");
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(r["tokens_per_call"], 8 * 2 * 3);
+    assert!(r["ratio"].as_f64().unwrap() > 0.0);
+    assert!(r["es"]["tokens_per_s"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn a_bad_decode_config_is_a_config_error() {
+    let d = tempfile::tempdir().unwrap();
+    let c = write(d.path(), "d.toml", &decode_config("compute_dtype = \"f8\""));
+    refused(
+        &["bench", &c.to_string_lossy()],
+        "decode.compute_dtype",
+        "bf16",
+    );
+    let c = write(d.path(), "e.toml", &decode_config("typo = 1"));
+    refused(&["bench", &c.to_string_lossy()], "typo", "[decode]");
+}
