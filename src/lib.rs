@@ -8,6 +8,7 @@
 //! - [`problem`] turns a problem description into a model, parameters, a batch and a key;
 //! - [`trainer`] keeps an ES run's state on the devices and steps it;
 //! - [`io`] reads and writes parameter trees as safetensors;
+//! - [`mjcf`] makes MuJoCo models control environments stepped on the host;
 //! - [`tensorboard`] writes per-generation scalars as TensorBoard event files.
 //!
 //! The default feature `models` adds Hugging Face checkpoints (`hf`), tokenizers
@@ -22,6 +23,7 @@ pub mod dtype;
 #[cfg(feature = "models")]
 pub mod hf;
 pub mod io;
+pub mod mjcf;
 pub mod problem;
 pub mod process;
 pub mod rundir;
@@ -63,6 +65,9 @@ pub enum Error {
     /// A task (prompts, rewards, chat template) refused its input.
     #[error(transparent)]
     Task(#[from] tasks::TaskError),
+    /// A MuJoCo environment (the library, the model file or its conventions).
+    #[error(transparent)]
+    Mjcf(#[from] mjcf::MjcfError),
     /// Anything else a caller got wrong; the message says what to change.
     #[error("{0}")]
     Invalid(String),
