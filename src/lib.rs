@@ -22,6 +22,7 @@ pub mod bench;
 pub mod dtype;
 #[cfg(feature = "models")]
 pub mod hf;
+pub mod host_control;
 pub mod io;
 pub mod mjcf;
 pub mod problem;
