@@ -7,6 +7,7 @@
 //! - [`runtime`] runs them through a PJRT plugin;
 //! - [`problem`] turns a problem description into a model, parameters, a batch and a key;
 //! - [`trainer`] keeps an ES run's state on the devices and steps it;
+//! - [`outputs`] runs a population that returns outputs (tokens) for host rewards;
 //! - [`io`] reads and writes parameter trees as safetensors;
 //! - [`mjcf`] makes MuJoCo models control environments stepped on the host;
 //! - [`tensorboard`] writes per-generation scalars as TensorBoard event files.
@@ -25,6 +26,7 @@ pub mod hf;
 pub mod host_control;
 pub mod io;
 pub mod mjcf;
+pub mod outputs;
 pub mod problem;
 pub mod process;
 pub mod rundir;
@@ -36,6 +38,7 @@ pub mod tensorboard;
 pub mod tokenizer;
 pub mod trainer;
 
+pub use outputs::{HostArray, HostData, OutputsRunner};
 #[cfg(feature = "models")]
 pub use problem::qwen2::{Qwen2Source, Qwen2Weights};
 pub use problem::{Problem, ProblemError};

@@ -22,7 +22,7 @@ use super::strategy::{LeafInfo, Noise, Strategy};
 
 /// Direction ids and signs of a block of member ids (`u32[c]`, aligned to the pairing):
 /// `dirs = ids[::p] / p` (`u32[c/p]`), `signs` f32[c] (+1, or −1 for odd mirrored members).
-fn directions(ids: &Value, p: i64) -> Result<(Value, Value), EsError> {
+pub(super) fn directions(ids: &Value, p: i64) -> Result<(Value, Value), EsError> {
     let f = ids.func();
     let c = ids.shape()[0];
     if p == 1 {
@@ -72,7 +72,7 @@ fn materialize(noise: Vec<Noise>) -> Result<Vec<Noise>, EsError> {
 }
 
 /// The per-leaf stream keys `fold_in(base_key, j)`, as one batch `[L]` (one draw).
-fn streams(base: &Keys, leaves: &[LeafInfo]) -> Result<Keys, EsError> {
+pub(super) fn streams(base: &Keys, leaves: &[LeafInfo]) -> Result<Keys, EsError> {
     let f = base.words().0.func();
     let ids = f.iota(TensorType::u32(&[leaves.len() as i64]), 0)?;
     Ok(base.fold_in(&ids)?)
@@ -184,7 +184,7 @@ impl<'a> Emitter<'a> {
     }
 
     /// Perturbed parameters of one member chunk for the model.
-    fn perturbed(
+    pub(super) fn perturbed(
         &self,
         params: &[Value],
         leaves: &[LeafInfo],
@@ -281,7 +281,7 @@ impl<'a> Emitter<'a> {
     /// Noise for a block of directions: regenerated, or sliced from a materialized set;
     /// each element computed once ([`materialize`]). `apply` and `tell` both take their
     /// noise from here, so they see it through the same ops (and XLA compiles it alike).
-    fn chunk_noise(
+    pub(super) fn chunk_noise(
         &self,
         streams: &Keys,
         leaves: &[LeafInfo],
@@ -469,7 +469,7 @@ impl<'a> Emitter<'a> {
 
     /// `ask`: the generation's base key `fold_in(key, generation)` (as u32[2]) and the
     /// incremented generation.
-    fn ask(&self, key: &Value, generation: &Value) -> Result<(Value, Value), EsError> {
+    pub(super) fn ask(&self, key: &Value, generation: &Value) -> Result<(Value, Value), EsError> {
         let base = Keys::from_data(key)?.fold_in(generation)?.data()?;
         let next = generation.add(&generation.func().scalar(1u32)?)?;
         Ok((base, next))

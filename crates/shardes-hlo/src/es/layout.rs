@@ -5,6 +5,7 @@
 //! | [`ProgramKind::Generation`] | `params…, key, generation, batch…` | `params'…, generation', fitness` | params, generation |
 //! | [`ProgramKind::AskApply`] | `params…, key, generation, batch…` | `fitness` | nothing |
 //! | [`ProgramKind::Tell`] | `params…, key, generation, fitness` | `params'…, generation'` | params, generation |
+//! | [`ProgramKind::Outputs`] | `params…, key, generation, inputs…` | `outputs…` (each `[n, …]`) | nothing |
 //!
 //! The inference program has the ask_apply layout and the no-op program the generation
 //! layout. The program entry points declare their arguments ([`Layout::declare`]) and emit
@@ -13,7 +14,7 @@
 
 use crate::builder::{DType, Func, Sharding, TensorType, Value};
 
-use super::error::EsError;
+use super::error::{invalid, EsError};
 use super::strategy::LeafInfo;
 
 /// Which program a [`Layout`] describes.
@@ -25,6 +26,9 @@ pub enum ProgramKind {
     AskApply,
     /// Split mode's second half, `tell` with a host fitness.
     Tell,
+    /// Per-member outputs instead of a loss ([`crate::es::MemberOutputs`]): the inputs
+    /// take the batch's place, and the results are the outputs ([`Layout::outputs`]).
+    Outputs,
 }
 
 impl ProgramKind {
@@ -34,6 +38,7 @@ impl ProgramKind {
             ProgramKind::Generation => "generation",
             ProgramKind::AskApply => "ask_apply",
             ProgramKind::Tell => "tell",
+            ProgramKind::Outputs => "outputs",
         }
     }
 }
@@ -53,6 +58,9 @@ pub struct Layout {
     pub n: usize,
     /// Fitness columns per member (1 unless the model returns several tasks).
     pub tasks: usize,
+    /// Names and per-member types (without the member axis) of the results of a
+    /// [`ProgramKind::Outputs`] program ([`Layout::with_outputs`]); empty for the others.
+    pub outputs: Vec<(String, TensorType)>,
 }
 
 /// A program's arguments by role, in the order of [`Layout::args`].
@@ -103,7 +111,27 @@ impl Layout {
             batch,
             n,
             tasks,
+            outputs: Vec::new(),
         }
+    }
+
+    /// This layout with the per-member `outputs` (names and types without the member
+    /// axis) of a [`ProgramKind::Outputs`] program.
+    pub fn with_outputs(mut self, outputs: Vec<(String, TensorType)>) -> Layout {
+        self.outputs = outputs;
+        self
+    }
+
+    /// The outputs' global types, `[n, …per-member shape]`, in result order.
+    pub fn output_types(&self) -> Vec<TensorType> {
+        self.outputs
+            .iter()
+            .map(|(_, t)| {
+                let mut shape = vec![self.n as i64];
+                shape.extend_from_slice(&t.shape);
+                TensorType::new(t.dtype, &shape)
+            })
+            .collect()
     }
 
     /// Index of the `key` argument (`u32[2]`), right after the parameters.
@@ -131,9 +159,15 @@ impl Layout {
         self.generation_arg() + 1 + self.tail_count()
     }
 
-    /// Index of the `generation` result (none for [`ProgramKind::AskApply`]).
+    /// Index of the `generation` result (none for [`ProgramKind::AskApply`] and
+    /// [`ProgramKind::Outputs`]).
     pub fn generation_result(&self) -> Option<usize> {
-        (self.kind != ProgramKind::AskApply).then_some(self.leaves.len())
+        self.returns_state().then_some(self.leaves.len())
+    }
+
+    /// Whether the program returns new parameters and generation.
+    fn returns_state(&self) -> bool {
+        matches!(self.kind, ProgramKind::Generation | ProgramKind::Tell)
     }
 
     /// Index of the fitness result (none for [`ProgramKind::Tell`]).
@@ -141,7 +175,7 @@ impl Layout {
         match self.kind {
             ProgramKind::Generation => Some(self.leaves.len() + 1),
             ProgramKind::AskApply => Some(0),
-            ProgramKind::Tell => None,
+            ProgramKind::Tell | ProgramKind::Outputs => None,
         }
     }
 
@@ -152,12 +186,13 @@ impl Layout {
                 .iter()
                 .flatten()
                 .count()
+            + self.outputs.len()
     }
 
     /// Whether the program consumes the parameter and generation buffers it is given
     /// (donated into the results of the same role).
     pub fn donates(&self) -> bool {
-        self.kind != ProgramKind::AskApply
+        self.returns_state()
     }
 
     /// The fitness dimensions: `[n]`, or `[n, tasks]` for several tasks.
@@ -175,12 +210,13 @@ impl Layout {
         TensorType::f32(&dims)
     }
 
-    /// Parameter results (`L`, or 0 for [`ProgramKind::AskApply`]).
+    /// Parameter results (`L`, or 0 for [`ProgramKind::AskApply`] and
+    /// [`ProgramKind::Outputs`]).
     fn param_results(&self) -> usize {
-        if self.kind == ProgramKind::AskApply {
-            0
-        } else {
+        if self.returns_state() {
             self.leaves.len()
+        } else {
+            0
         }
     }
 
@@ -208,6 +244,12 @@ impl Layout {
             ProgramKind::Generation => format!("{l} leaves + generation + fitness"),
             ProgramKind::AskApply => "fitness".into(),
             ProgramKind::Tell => format!("{l} leaves + generation"),
+            ProgramKind::Outputs => self
+                .outputs
+                .iter()
+                .map(|(n, _)| n.as_str())
+                .collect::<Vec<_>>()
+                .join(" + "),
         }
     }
 
@@ -346,8 +388,15 @@ impl Layout {
         Ok(out)
     }
 
-    /// Takes one device's result list apart by role, refusing a list of the wrong length.
+    /// Takes one device's result list apart by role, refusing a list of the wrong length
+    /// (and an outputs program's list, which [`Layout::split_outputs`] takes).
     pub fn split_results<T>(&self, mut results: Vec<T>) -> Result<ProgramResults<T>, EsError> {
+        if self.kind == ProgramKind::Outputs {
+            return Err(invalid(
+                "the results of an outputs program were split as a state".into(),
+                "take them with Layout::split_outputs".into(),
+            ));
+        }
         if results.len() != self.result_count() {
             return Err(self.count_error(
                 "results",
@@ -365,6 +414,52 @@ impl Layout {
             generation,
             fitness,
         })
+    }
+}
+
+impl Layout {
+    /// Emits the per-member `outputs` (`[n, …]` each, in [`Layout::outputs`] order) as the
+    /// results of `f`, each split over `"pop"` by member, refusing a list of the wrong
+    /// length or a value of another type.
+    pub fn emit_outputs(&self, f: &Func, outputs: &[Value]) -> Result<(), EsError> {
+        let types = self.output_types();
+        if outputs.len() != types.len() {
+            return Err(self.count_error(
+                "output results",
+                outputs.len(),
+                types.len(),
+                self.describe_results(),
+            ));
+        }
+        for (v, t) in outputs.iter().zip(&types) {
+            if v.ty() != t {
+                return Err(invalid(
+                    format!(
+                        "an output of the {} program is {} where its layout has {t}",
+                        self.kind.name(),
+                        v.ty()
+                    ),
+                    "return each output with the type of MemberOutputs::output_types (per member)"
+                        .into(),
+                ));
+            }
+            f.output_sharded(v, &Sharding::split(t.rank(), 0)?)?;
+        }
+        Ok(())
+    }
+
+    /// One device's results of an outputs program, one per [`Layout::outputs`] entry
+    /// (this device's rows of each), refusing a list of the wrong length.
+    pub fn split_outputs<T>(&self, results: Vec<T>) -> Result<Vec<T>, EsError> {
+        if self.kind != ProgramKind::Outputs || results.len() != self.outputs.len() {
+            return Err(self.count_error(
+                "output results",
+                results.len(),
+                self.outputs.len(),
+                self.describe_results(),
+            ));
+        }
+        Ok(results)
     }
 }
 
@@ -598,6 +693,34 @@ mod tests {
             "the ask_apply program's generation results: got 1, its layout has 0 (the next \
              generation)"
         );
+    }
+
+    #[test]
+    fn an_outputs_layout_takes_inputs_and_returns_its_outputs() {
+        let l = layout(ProgramKind::Outputs, 1).with_outputs(vec![
+            ("tokens".into(), TensorType::i32(&[3, 4])),
+            ("lengths".into(), TensorType::i32(&[3])),
+        ]);
+        assert_eq!(
+            (l.batch_arg(), l.fitness_arg(), l.arg_count()),
+            (Some(4), None, 6)
+        );
+        assert_eq!((l.generation_result(), l.fitness_result()), (None, None));
+        assert_eq!((l.result_count(), l.donates()), (2, false));
+        assert_eq!(l.output_types()[0], TensorType::i32(&[16, 3, 4]));
+        assert_eq!(l.split_outputs(vec!["t", "n"]).unwrap(), ["t", "n"]);
+        let e = l.split_outputs(vec!["t"]).unwrap_err().to_string();
+        assert!(
+            e.contains("got 1, its layout has 2 (tokens + lengths)"),
+            "{e}"
+        );
+        assert!(l.split_results(vec!["t", "n"]).is_err());
+        let sig = signature(&l, |_| ProgramResults {
+            params: Vec::new(),
+            generation: None,
+            fitness: None,
+        });
+        assert!(!sig.contains("tf.aliasing_output"), "{sig}");
     }
 
     #[test]

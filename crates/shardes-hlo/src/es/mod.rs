@@ -9,6 +9,8 @@
 //!   config's `[es]` section;
 //! - [`model`]: the [`Model`] trait, [`ModelParams`] and [`check_model`];
 //! - [`layout`]: [`Layout`], the argument and result order of every program;
+//! - [`outputs`]: [`MemberOutputs`] (per-member outputs instead of a loss) and the outputs
+//!   program;
 //! - [`program`]: the programs ([`ShardedES::generation_program`] and the others);
 //! - [`error`]: the error type, [`EsError`].
 
@@ -16,6 +18,7 @@ pub mod error;
 mod generation;
 pub mod layout;
 pub mod model;
+pub mod outputs;
 pub mod program;
 pub mod settings;
 pub mod shaping;
@@ -25,6 +28,7 @@ pub mod strategy;
 pub use error::EsError;
 pub use layout::{Layout, ProgramArgs, ProgramKind, ProgramResults};
 pub use model::{check_model, leaf_infos, Access, Finding, Model, ModelParams};
+pub use outputs::{AsModel, MemberInfo, MemberOutputs, SAMPLE_TAG};
 pub use program::Program;
 pub use settings::{
     EsSpec, ShardedES, CHUNK_BYTES, DEFAULT_MEMBER_CHUNK, KEEP_NOISE_BYTES, TELL_CHUNK_BYTES,

@@ -1,0 +1,324 @@
+//! Per-member outputs with the rewards on the host: [`OutputsRunner`].
+//!
+//! The generation is cut as in [`crate::SplitTrainer`], with the outputs program
+//! ([`ShardedES::outputs_program`]) in place of `ask + apply`: each call of
+//! [`OutputsRunner::outputs`] uploads only its inputs (a prompt batch, say), runs every
+//! member under its perturbation and brings back the outputs (`[n, …]` each, in member
+//! order); the host scores them and hands the fitness to [`OutputsRunner::tell`]. The
+//! parameters, the key and the generation never leave the devices.
+
+use shardes_hlo::builder::{DType, TensorType};
+use shardes_hlo::es::{
+    leaf_infos, AsModel, Layout, MemberOutputs, Program, ProgramKind, ShardedES,
+};
+use shardes_hlo::params::ParamTree;
+use shardes_hlo::prng::Key;
+use shardes_runtime::{gather_rows, Buffer, Client, CompileOptions, Element, Executable};
+
+use crate::split::HostFitness;
+use crate::state::{check_devices, replicate, DeviceState};
+use crate::Error;
+
+/// The values of a [`HostArray`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum HostData {
+    /// f32 values.
+    F32(Vec<f32>),
+    /// i32 values (token ids, lengths).
+    I32(Vec<i32>),
+    /// u32 values.
+    U32(Vec<u32>),
+}
+
+/// A host array of a program's input or output: its dimensions and row-major values.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostArray {
+    /// The dimensions.
+    pub dims: Vec<usize>,
+    /// The values (`dims.iter().product()` of them).
+    pub data: HostData,
+}
+
+impl HostArray {
+    /// An i32 array.
+    pub fn i32(dims: &[usize], data: Vec<i32>) -> HostArray {
+        HostArray {
+            dims: dims.to_vec(),
+            data: HostData::I32(data),
+        }
+    }
+
+    /// An f32 array.
+    pub fn f32(dims: &[usize], data: Vec<f32>) -> HostArray {
+        HostArray {
+            dims: dims.to_vec(),
+            data: HostData::F32(data),
+        }
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        match self.data {
+            HostData::F32(_) => DType::F32,
+            HostData::I32(_) => DType::I32,
+            HostData::U32(_) => DType::U32,
+        }
+    }
+
+    /// The values if this is an i32 array.
+    pub fn as_i32(&self) -> Option<&[i32]> {
+        match &self.data {
+            HostData::I32(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// The values if this is an f32 array.
+    pub fn as_f32(&self) -> Option<&[f32]> {
+        match &self.data {
+            HostData::F32(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    fn len(&self) -> usize {
+        match &self.data {
+            HostData::F32(v) => v.len(),
+            HostData::I32(v) => v.len(),
+            HostData::U32(v) => v.len(),
+        }
+    }
+}
+
+/// Each device's rows of one output gathered in member order.
+fn gather(shards: &[Buffer], ty: &TensorType) -> Result<HostArray, Error> {
+    let dims: Vec<usize> = ty.shape.iter().map(|&d| d as usize).collect();
+    fn rows<T: Element>(shards: &[Buffer]) -> Result<Vec<T>, Error> {
+        Ok(gather_rows::<T>(shards)?)
+    }
+    let data = match ty.dtype {
+        DType::F32 => HostData::F32(rows(shards)?),
+        DType::I32 => HostData::I32(rows(shards)?),
+        DType::U32 => HostData::U32(rows(shards)?),
+        d => {
+            return Err(Error::Invalid(format!(
+                "an output of element type {} cannot be brought back; return f32, i32 or u32 \
+                 outputs",
+                d.mlir()
+            )))
+        }
+    };
+    Ok(HostArray { dims, data })
+}
+
+/// A run whose population returns outputs: the outputs program and the tell program
+/// compiled once each, the state on the devices.
+pub struct OutputsRunner {
+    client: Client,
+    outputs: Executable,
+    /// The outputs program's layout.
+    layout: Layout,
+    tell: Executable,
+    tell_layout: Layout,
+    state: DeviceState,
+}
+
+impl OutputsRunner {
+    /// Builds and compiles the outputs and tell programs of `model` and uploads the
+    /// state (`params` replicated) at generation 0.
+    pub fn new(
+        client: &Client,
+        es: &ShardedES,
+        model: &dyn MemberOutputs,
+        params: &ParamTree,
+        key: Key,
+    ) -> Result<OutputsRunner, Error> {
+        Self::with_state(client, es, model, params, key, 0)
+    }
+
+    /// [`OutputsRunner::new`] from a saved state: `params` and the `generation` the next
+    /// [`OutputsRunner::outputs`]/[`OutputsRunner::tell`] pair runs (for resuming).
+    pub fn with_state(
+        client: &Client,
+        es: &ShardedES,
+        model: &dyn MemberOutputs,
+        params: &ParamTree,
+        key: Key,
+        generation: u32,
+    ) -> Result<OutputsRunner, Error> {
+        let devices = es.devices();
+        check_devices(client, devices)?;
+        let leaves = leaf_infos(params);
+        let first = es.outputs_program(model, &leaves)?;
+        // Sized after the same model, so tell regenerates the noise in the chunks the
+        // outputs program drew it in.
+        let second = es.tell_program(&AsModel(model), &leaves)?;
+        let opts = CompileOptions::new(devices);
+        let outputs = client.compile(&first.module.to_mlir(), &opts)?;
+        let tell = client.compile(&second.module.to_mlir(), &opts)?;
+        // The state alone: the inputs come with each call.
+        let state_layout = Layout::new(ProgramKind::Outputs, leaves, Vec::new(), es.n(), 1);
+        let state =
+            DeviceState::upload(client, devices, state_layout, params, key, &[], generation)?;
+        Ok(OutputsRunner {
+            client: client.clone(),
+            outputs,
+            layout: first.layout,
+            tell,
+            tell_layout: second.layout,
+            state,
+        })
+    }
+
+    /// Runs the outputs program on the current state with `inputs` (one per
+    /// [`MemberOutputs::input_types`] entry, uploaded to every device): each output as
+    /// `[n, …]` in member order. The state is unchanged.
+    pub fn outputs(&self, inputs: &[HostArray]) -> Result<Vec<HostArray>, Error> {
+        self.run(&self.outputs, &self.layout, inputs)
+    }
+
+    /// Compiles another program over this runner's state (an outputs program of the same
+    /// leaves, e.g. [`ShardedES::plain_outputs_program`] for evaluation) for
+    /// [`OutputsRunner::run`].
+    pub fn compile(&self, program: &Program) -> Result<Executable, Error> {
+        if program.layout.kind != ProgramKind::Outputs
+            || program.layout.leaves != self.layout.leaves
+        {
+            return Err(Error::Invalid(
+                "only an outputs program of this runner's leaves runs over its state; build \
+                 it with ShardedES::outputs_program or plain_outputs_program for the same \
+                 parameters"
+                    .into(),
+            ));
+        }
+        let devices = program
+            .module
+            .mesh()
+            .map(|m| m.size() as usize)
+            .unwrap_or(1);
+        if devices != self.state.devices() {
+            return Err(Error::Invalid(format!(
+                "the program runs on {devices} devices but the state is on {}; build it with \
+                 an ES of the same device count",
+                self.state.devices()
+            )));
+        }
+        Ok(self
+            .client
+            .compile(&program.module.to_mlir(), &CompileOptions::new(devices))?)
+    }
+
+    /// Runs `exe`, an outputs program of `layout` compiled by [`OutputsRunner::compile`],
+    /// on the current state with `inputs`: each output as `[layout.n, …]`.
+    pub fn run(
+        &self,
+        exe: &Executable,
+        layout: &Layout,
+        inputs: &[HostArray],
+    ) -> Result<Vec<HostArray>, Error> {
+        let devices = self.state.devices();
+        let uploaded = self.upload(layout, inputs)?;
+        let args: Vec<Vec<&Buffer>> = (0..devices)
+            .map(|d| {
+                self.state
+                    .args_with(layout, d, uploaded[d].iter().collect())
+            })
+            .collect::<Result<_, _>>()?;
+        let outs = exe.execute(&args)?;
+        let mut per_output: Vec<Vec<Buffer>> = layout.outputs.iter().map(|_| Vec::new()).collect();
+        for out in outs {
+            for (j, b) in layout.split_outputs(out)?.into_iter().enumerate() {
+                per_output[j].push(b);
+            }
+        }
+        per_output
+            .iter()
+            .zip(layout.output_types())
+            .map(|(shards, ty)| gather(shards, &ty))
+            .collect()
+    }
+
+    /// `inputs` checked against `layout` and replicated: `[device][input]`.
+    fn upload(&self, layout: &Layout, inputs: &[HostArray]) -> Result<Vec<Vec<Buffer>>, Error> {
+        let devices = self.state.devices();
+        if inputs.len() != layout.batch.len() {
+            return Err(Error::Invalid(format!(
+                "the outputs program takes {} inputs ({}) but {} were given",
+                layout.batch.len(),
+                layout
+                    .batch
+                    .iter()
+                    .map(|(n, t)| format!("{n}: {t}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                inputs.len()
+            )));
+        }
+        let mut out: Vec<Vec<Buffer>> = (0..devices).map(|_| Vec::new()).collect();
+        for ((name, ty), a) in layout.batch.iter().zip(inputs) {
+            let want: Vec<usize> = ty.shape.iter().map(|&d| d as usize).collect();
+            if a.dims != want || a.dtype() != ty.dtype || a.len() != want.iter().product::<usize>()
+            {
+                return Err(Error::Invalid(format!(
+                    "input `{name}` is {}{:?} with {} values but the program expects {ty}",
+                    a.dtype().mlir(),
+                    a.dims,
+                    a.len()
+                )));
+            }
+            let bufs = match &a.data {
+                HostData::F32(v) => replicate(&self.client, v, &a.dims, devices)?,
+                HostData::I32(v) => replicate(&self.client, v, &a.dims, devices)?,
+                HostData::U32(v) => replicate(&self.client, v, &a.dims, devices)?,
+            };
+            for (d, b) in bufs.into_iter().enumerate() {
+                out[d].push(b);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Runs `tell` with a host fitness (one value per member, lower is better: negate a
+    /// reward) and advances the generation. bf16/f16 fitness is refused before anything
+    /// runs; f64 is rounded to f32.
+    pub fn tell(&mut self, fitness: &HostFitness) -> Result<(), Error> {
+        let values = fitness.to_f32()?;
+        let layout = &self.tell_layout;
+        if values.len() != layout.n {
+            return Err(Error::Invalid(format!(
+                "tell got {} fitness values but the population has n = {} members; pass one \
+                 value per member, in member order",
+                values.len(),
+                layout.n
+            )));
+        }
+        let devices = self.state.devices();
+        let fit_dev = replicate(&self.client, &values, &layout.fitness_dims(), devices)?;
+        let args: Vec<Vec<&Buffer>> = (0..devices)
+            .map(|d| self.state.args_for(layout, d, Some(&fit_dev[d])))
+            .collect::<Result<_, _>>()?;
+        let outs = self.tell.execute(&args)?;
+        self.state.absorb_for(&self.tell_layout, outs, 1)?;
+        Ok(())
+    }
+
+    /// The generation the next `outputs`/`tell` pair runs.
+    pub fn generation(&self) -> u32 {
+        self.state.generation_host
+    }
+
+    /// Copies the parameters back to the host (from device 0; every device holds the same).
+    pub fn params(&self) -> Result<ParamTree, Error> {
+        self.state.params()
+    }
+
+    /// The outputs program's layout (`n`, leaves, inputs, outputs).
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// The client the state lives on.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+}
