@@ -5,13 +5,14 @@
 //! fixed for the run like the in-program environments' reset states) for at most `T`
 //! steps. Per step the `n × E` simulations are observed ([`crate::mjcf`]: `qpos ‖ qvel`),
 //! the devices evaluate every member's perturbed policy on its own observations in one
-//! dispatch ([`trainer`]), the actions come back and the simulations step in parallel on
+//! dispatch ([`HostTrainer`]), the actions come back and the simulations step in parallel on
 //! the host ([`Rollouts`]). Reward, termination and masking are the model's conventions
 //! ([`crate::mjcf`]); an episode that ended is no longer stepped, and once all have ended
 //! the generation's remaining steps are skipped. The fitness is the negated return, per
 //! episode for `group_relative` or its mean over the episodes, as in the in-program problem.
 
 mod rollouts;
+mod trainer;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -22,6 +23,7 @@ use shardes_hlo::problems::control::{policy, Fitness};
 use shardes_hlo::problems::ProblemError;
 
 pub use rollouts::{HostMlp, RolloutStats, Rollouts};
+pub use trainer::{GenerationStats, HostTrainer};
 
 use crate::mjcf::{MjcfEnv, MjcfError};
 

@@ -6,10 +6,11 @@
 //! `action f32[E, act]`. The policy is the in-program problem's ([`super::policy`]).
 
 use crate::builder::{TensorType, Value};
-use crate::es::{EsError, Model, ModelParams};
+use crate::es::{EsError, MemberInfo, MemberOutputs, Model, ModelParams};
 use crate::nn::Act;
 
 use super::policy::Policy;
+use super::Fitness;
 
 /// One policy step for `members × episodes` host episodes.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -17,6 +18,7 @@ pub struct PolicyStep {
     widths: Vec<usize>,
     members: usize,
     episodes: usize,
+    fitness: Fitness,
 }
 
 impl PolicyStep {
@@ -37,7 +39,15 @@ impl PolicyStep {
             widths: widths.to_vec(),
             members,
             episodes,
+            fitness: Fitness::Mean,
         })
+    }
+
+    /// The same step with the host fitness `fitness`: [`Fitness::PerEpisode`] makes the
+    /// tell program paired with it take `E` columns ([`Model::tasks`]).
+    pub fn with_fitness(mut self, fitness: Fitness) -> PolicyStep {
+        self.fitness = fitness;
+        self
     }
 
     /// The policy's widths.
@@ -118,6 +128,46 @@ impl Model for PolicyStep {
                   policy step"
                 .into(),
         })
+    }
+
+    fn tasks(&self) -> usize {
+        match self.fitness {
+            Fitness::PerEpisode => self.episodes,
+            Fitness::Mean => 1,
+        }
+    }
+
+    fn member_bytes(&self) -> Option<usize> {
+        MemberOutputs::member_bytes(self)
+    }
+}
+
+impl MemberOutputs for PolicyStep {
+    fn input_types(&self) -> Vec<(String, TensorType)> {
+        vec![("obs".into(), self.obs_type())]
+    }
+
+    /// `action f32[E, act]` per member.
+    fn output_types(&self) -> Vec<(String, TensorType)> {
+        vec![(
+            "action".into(),
+            TensorType::f32(&[self.episodes as i64, self.action_dim() as i64]),
+        )]
+    }
+
+    fn outputs(
+        &self,
+        params: &ModelParams,
+        inputs: &[Value],
+        member: &MemberInfo,
+    ) -> Result<Vec<Act>, EsError> {
+        let [obs] = inputs else {
+            return Err(EsError::Invalid {
+                message: format!("the policy step takes 1 input, got {}", inputs.len()),
+                fix: "pass the observations f32[n, E, obs]".into(),
+            });
+        };
+        Ok(vec![self.actions(params, obs, &member.ids)?])
     }
 
     /// The widest activation: `E` episodes × the widest layer, f32.
