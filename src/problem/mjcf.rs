@@ -6,11 +6,44 @@ use shardes_hlo::prng::fold_in;
 use shardes_hlo::problems::control::host::PolicyStep;
 use shardes_hlo::problems::control::Fitness;
 
+use shardes_hlo::es::leaf_infos;
+
 use crate::host_control::HostControl;
 
-use super::{run_key, Problem, ProblemError, Setting};
+use super::{run_key, HostBytes, Problem, ProblemError, ProblemShapes, Setting};
 
 impl Problem {
+    /// [`Problem::mjcf`] by shape, for `hlo`, `check` and `diag` (a policy is small, so it
+    /// is built and described).
+    pub fn mjcf_shapes(
+        control: &HostControl,
+        n: usize,
+        seed: u64,
+    ) -> Result<ProblemShapes, ProblemError> {
+        let p = Problem::mjcf(control, n, seed)?;
+        let bytes = |k: usize| (k * std::mem::size_of::<f32>()) as u64;
+        let host_bytes = HostBytes {
+            params: bytes(p.params.num_params()),
+            largest_leaf: p
+                .params
+                .leaves()
+                .iter()
+                .map(|(_, a)| bytes(a.data().len()))
+                .max()
+                .unwrap_or(0),
+            batch: 0,
+        };
+        Ok(ProblemShapes {
+            model: p.model,
+            leaves: leaf_infos(&p.params),
+            key: p.key,
+            summary: p.summary,
+            host_bytes,
+            memory_what: "the control policy".into(),
+            memory_lower: "hidden (or episodes)",
+        })
+    }
+
     /// The control problem `control` on its loaded MJCF model for `n` members, with `key =
     /// key(seed)`: the policy's parameters are `control.init(key)`; the reset states,
     /// `control.reset_states(fold_in(key, 1))` (the same for every generation), are drawn

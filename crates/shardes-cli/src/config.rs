@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use shardes::hlo::es::{EsError, EsSpec, How, ShapingSpec, SpecError, StrategySpec};
 use shardes::hlo::problems::control::{self, Control, Env, Fitness, ENV_NAMES};
 use shardes::hlo::problems::transformer_block::TransformerBlock;
+use shardes::host_control::MjcfControl;
 
 /// A user-facing configuration error: one line saying what is wrong and a hint saying how to fix it.
 #[derive(Debug, thiserror::Error)]
@@ -112,6 +113,10 @@ pub enum ProblemConfig {
         /// The policy's hidden layer sizes (default `[32, 32]`; `[]`: a linear policy).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         hidden: Option<Vec<usize>>,
+        /// A MuJoCo model file (MJCF) simulated on the host instead of `env`
+        /// (`shardes::host_control`; the conventions are `shardes::mjcf`'s).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mjcf: Option<PathBuf>,
     },
 }
 
@@ -132,7 +137,10 @@ pub const PROBLEM_VARIANTS: &[(&str, &[&str])] = &[
             "compute_dtype",
         ],
     ),
-    ("control", &["env", "episodes", "episode_length", "hidden"]),
+    (
+        "control",
+        &["env", "episodes", "episode_length", "hidden", "mjcf"],
+    ),
 ];
 
 /// The problem names, in [`PROBLEM_VARIANTS`] order.
@@ -212,6 +220,7 @@ pub fn control(problem: &ProblemConfig, shaping: ShapingSpec) -> Result<Control,
         episodes,
         episode_length,
         hidden,
+        mjcf,
     } = problem
     else {
         return Err(ConfigError::new(
@@ -219,6 +228,16 @@ pub fn control(problem: &ProblemConfig, shaping: ShapingSpec) -> Result<Control,
             "set problem.name = \"control\"",
         ));
     };
+    if let Some(m) = mjcf {
+        return Err(ConfigError::new(
+            format!(
+                "problem.mjcf = \"{}\" is a MuJoCo model, simulated on the host, not an \
+                 in-program environment",
+                m.display()
+            ),
+            "build it with config::control_mjcf",
+        ));
+    }
     let env = control_env(env.as_deref())?;
     let hidden = hidden.clone().unwrap_or_else(|| vec![32, 32]);
     let c = Control::new(
@@ -241,12 +260,65 @@ pub fn control(problem: &ProblemConfig, shaping: ShapingSpec) -> Result<Control,
     }))
 }
 
+/// The MJCF control problem of a `control` `[problem]` with `mjcf` set (the defaults as
+/// [`control`]'s), or `None` when it names an in-program `env`. The model file is loaded
+/// later, with the MuJoCo library ([`shardes::host_control::MjcfControl::load`]).
+pub fn control_mjcf(
+    problem: &ProblemConfig,
+    shaping: ShapingSpec,
+) -> Result<Option<MjcfControl>, ConfigError> {
+    let ProblemConfig::Control {
+        env,
+        episodes,
+        episode_length,
+        hidden,
+        mjcf: Some(mjcf),
+    } = problem
+    else {
+        return Ok(None);
+    };
+    if let Some(env) = env {
+        return Err(ConfigError::new(
+            format!(
+                "problem.env = \"{env}\" and problem.mjcf = \"{}\" are both set",
+                mjcf.display()
+            ),
+            "keep one: env names an environment inside the program, mjcf a MuJoCo model \
+             simulated on the host",
+        ));
+    }
+    let hidden = hidden.clone().unwrap_or_else(|| vec![32, 32]);
+    let c = MjcfControl::new(
+        mjcf.clone(),
+        episodes.unwrap_or(4),
+        episode_length.unwrap_or(200),
+        &hidden,
+    )
+    .map_err(|e| {
+        ConfigError::new(
+            format!("problem.{e}"),
+            "episodes and episode_length must be at least 1, every hidden size at least 1 \
+             (hidden = [] is a linear policy)",
+        )
+    })?;
+    Ok(Some(c.with_fitness(
+        if shaping == ShapingSpec::GroupRelative {
+            Fitness::PerEpisode
+        } else {
+            Fitness::Mean
+        },
+    )))
+}
+
 /// The environment `problem.env` names, or the error listing the valid ones.
 fn control_env(env: Option<&str>) -> Result<Env, ConfigError> {
     let Some(name) = env else {
         return Err(ConfigError::new(
-            "problem \"control\" needs problem.env",
-            format!("add env = \"NAME\", one of: {}", ENV_NAMES.join(", ")),
+            "problem \"control\" needs problem.env (or problem.mjcf)",
+            format!(
+                "add env = \"NAME\", one of: {}; or mjcf = \"model.xml\" for a MuJoCo model",
+                ENV_NAMES.join(", ")
+            ),
         ));
     };
     name.parse().map_err(|_: control::UnknownEnv| {
@@ -290,6 +362,9 @@ impl ProblemConfig {
     /// known dtype; for control a known environment and positive counts.
     fn check(&self) -> Result<(), ConfigError> {
         if let ProblemConfig::Control { .. } = self {
+            if control_mjcf(self, ShapingSpec::default())?.is_some() {
+                return Ok(());
+            }
             return control(self, ShapingSpec::default()).map(|_| ());
         }
         let ProblemConfig::Qwen2 {
@@ -657,6 +732,9 @@ impl Config {
             if let Some(d) = data {
                 files.push(("problem.data".into(), d.clone()));
             }
+        }
+        if let ProblemConfig::Control { mjcf: Some(m), .. } = &self.problem {
+            files.push(("problem.mjcf".into(), m.clone()));
         }
         files
     }

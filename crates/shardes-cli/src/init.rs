@@ -157,6 +157,12 @@ fn doc(section: &str, key: &str, problem: &str) -> Option<(String, Option<String
         ),
         ("problem", "episode_length") => e("Steps per episode.", "200"),
         ("problem", "hidden") => e("Hidden layer sizes of the tanh MLP policy.", "[32, 32]"),
+        ("problem", "mjcf") => e(
+            "Instead of `env`: a MuJoCo model file (MJCF), simulated on host threads while the \
+             devices evaluate the policies (the README's \"MuJoCo models\" lists the \
+             conventions).",
+            "\"examples/mujoco/cartpole.xml\"",
+        ),
         ("es", "strategy") => Some((
             format!(
                 "Perturbation strategy: {} (e.g. \"lowrank(r=2)\", \"mirrored(seed_regenerated)\").",

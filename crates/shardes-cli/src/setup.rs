@@ -17,7 +17,13 @@ use shardes::runtime::plugin::{CPU, NAMED};
 use shardes::runtime::{Client, ClientOptions, Plugin, RuntimeError};
 use shardes::{Problem, ProblemError, Qwen2Source, Qwen2Weights};
 
-use crate::config::{control, es_error, transformer_block, Config, ConfigError, ProblemConfig};
+use shardes::host_control::{HostControl, MjcfControl};
+use shardes::mjcf::MjcfError;
+use shardes::runtime::mujoco::MujocoError;
+
+use crate::config::{
+    control, control_mjcf, es_error, transformer_block, Config, ConfigError, ProblemConfig,
+};
 
 /// Everything a run needs: the ES, the [`Problem`] and a client to run it on.
 pub struct Setup {
@@ -29,6 +35,9 @@ pub struct Setup {
     pub problem: Problem,
     /// The PJRT client (plugin from the config, or the provisioned CPU plugin).
     pub client: Client,
+    /// The loaded MuJoCo model of a `control` problem with `mjcf` (its episodes run on
+    /// the host: `shardes::host_control`).
+    pub host: Option<HostControl>,
 }
 
 /// The ES of `config` (strategy, n, sigma, lr, shaping, placement, chunk, noise budget):
@@ -47,6 +56,9 @@ pub enum Described {
     Qwen2(Qwen2Source),
     /// `control`.
     Control(shardes::hlo::problems::control::Control),
+    /// `control` with `mjcf`, for `n` members (the model is loaded by
+    /// [`Described::problem`]).
+    Mjcf(MjcfControl, usize),
 }
 
 impl Described {
@@ -60,7 +72,10 @@ impl Described {
             } => Described::TransformerBlock(transformer_block(*d_model, *batch, *seq)),
             ProblemConfig::Qwen2 { .. } => Described::Qwen2(qwen2_source(&config.problem)?),
             ProblemConfig::Control { .. } => {
-                Described::Control(control(&config.problem, config.es.shaping)?)
+                match control_mjcf(&config.problem, config.es.shaping)? {
+                    Some(m) => Described::Mjcf(m, config.es.n),
+                    None => Described::Control(control(&config.problem, config.es.shaping)?),
+                }
             }
         })
     }
@@ -71,30 +86,68 @@ impl Described {
             Described::TransformerBlock(tb) => Problem::transformer_block(tb, seed),
             Described::Qwen2(q) => Problem::qwen2(&q, seed),
             Described::Control(c) => Problem::control(c, seed),
+            Described::Mjcf(m, n) => Problem::mjcf(&load_mjcf(m)?, n, seed),
         }
         .map_err(problem_error)
     }
 
-    /// The problem by shape alone (nothing allocated).
+    /// The problem by shape alone (nothing allocated; an MJCF model is loaded, which its
+    /// observation and action sizes need).
     pub fn shapes(self, seed: u64) -> anyhow::Result<ProblemShapes> {
         match self {
             Described::TransformerBlock(tb) => Problem::transformer_block_shapes(tb, seed),
             Described::Qwen2(q) => Problem::qwen2_shapes(&q, seed),
             Described::Control(c) => Problem::control_shapes(c, seed),
+            Described::Mjcf(m, n) => Problem::mjcf_shapes(&load_mjcf(m)?, n, seed),
         }
         .map_err(problem_error)
     }
 }
 
+/// Loads the MuJoCo model of an `mjcf` problem: a model MuJoCo refuses, or one that breaks
+/// the conventions, is the config's `problem.mjcf` to fix (exit 2, MuJoCo's message); a
+/// library that cannot be found or opened is a failure with its own fix.
+pub fn load_mjcf(m: MjcfControl) -> anyhow::Result<HostControl> {
+    let path = m.mjcf().to_path_buf();
+    m.load(None).map_err(|e| match e {
+        MjcfError::Mujoco(MujocoError::Load { message, .. }) => ConfigError::new(
+            format!(
+                "problem.mjcf = \"{}\": MuJoCo cannot load it: {message}",
+                path.display()
+            ),
+            "point problem.mjcf at an MJCF model file MuJoCo 4.0 loads (e.g. \
+             examples/mujoco/cartpole.xml)",
+        )
+        .into(),
+        e @ MjcfError::Convention { .. } => ConfigError::new(
+            format!("problem.mjcf: {e}"),
+            "the conventions are in the README's \"MuJoCo models\" section",
+        )
+        .into(),
+        other => anyhow::Error::new(other).context("opening the MuJoCo library"),
+    })
+}
+
+/// The loaded MJCF model of `config`'s problem, if it has one.
+pub fn host_control(config: &Config) -> anyhow::Result<Option<HostControl>> {
+    control_mjcf(&config.problem, config.es.shaping)?
+        .map(load_mjcf)
+        .transpose()
+}
+
 /// The ES and the problem of `config` (no client, no I/O besides reading the problem's
-/// files).
-pub fn problem(config: &Config) -> anyhow::Result<(ShardedES, Problem)> {
+/// files), and the loaded MuJoCo model of an `mjcf` problem.
+pub fn problem(config: &Config) -> anyhow::Result<(ShardedES, Problem, Option<HostControl>)> {
     let es = es(config)?;
-    let problem = Described::of(config)?.problem(config.run.seed)?;
+    let host = host_control(config)?;
+    let problem = match &host {
+        Some(h) => Problem::mjcf(h, config.es.n, config.run.seed).map_err(problem_error)?,
+        None => Described::of(config)?.problem(config.run.seed)?,
+    };
     // The programs would derive it from the model too; set here, the ES's own reports
     // (member chunk, kept noise) agree with them.
     let es = es.with_member_bytes(problem.model.member_bytes());
-    Ok((es, problem))
+    Ok((es, problem, host))
 }
 
 /// The ES of `config` for `model` (its member bytes size the member chunks).
@@ -258,13 +311,14 @@ pub fn client_for(plugin: Option<&str>, devices: usize) -> anyhow::Result<Client
 
 /// Turns a config into everything a run needs: [`problem`] plus [`client`].
 pub fn build(config: &Config) -> anyhow::Result<Setup> {
-    let (es, problem) = problem(config)?;
+    let (es, problem, host) = problem(config)?;
     let client = client(config)?;
     Ok(Setup {
         config: config.clone(),
         es,
         problem,
         client,
+        host,
     })
 }
 

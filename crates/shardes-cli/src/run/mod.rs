@@ -26,6 +26,7 @@
 
 mod curves;
 mod finite;
+mod runner;
 mod signals;
 mod start;
 mod summary;
@@ -38,13 +39,13 @@ use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use shardes::hlo::prng::Key;
 use shardes::rundir::{read_metrics, Metric, Mode, RunDir};
-use shardes::Trainer;
 
 use crate::config::{Config, ConfigError, ProblemConfig};
 use crate::out::{errln, is_closed, outln, Stdout};
 use crate::setup;
 
 use curves::Curves;
+use runner::Runner;
 pub use signals::Signal;
 use start::{refusal, rundir_error};
 use summary::{fmt_duration, stats, Summary};
@@ -184,7 +185,7 @@ impl Progress {
 /// checkpoint, a failure naming the cause).
 fn checkpoint(
     rundir: &mut RunDir,
-    trainer: &Trainer,
+    trainer: &Runner,
     key: Key,
     config: &Config,
     inputs: &serde_json::Value,
@@ -285,11 +286,7 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
         );
         return Ok(Outcome::Finished);
     }
-    let p = &s.problem;
-    let mut trainer = Trainer::with_state(
-        &s.client, &s.es, &*p.model, &p.params, p.key, &p.batch, start,
-    )
-    .context("building the generation program")?;
+    let mut trainer = Runner::new(&s, start)?;
     let bt = trainer.build_times();
     outln!(
         out,
@@ -369,7 +366,7 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
             fitness_min: lo,
             fitness_max: hi,
             ms,
-            extra: extra_scalars(&config, mean),
+            extra: extra_scalars(&config, mean, &trainer),
         };
         // Written before the divergence check: the user sees the NaN generation.
         metrics.append(&m).map_err(rundir_error)?;
@@ -437,10 +434,17 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
 
 /// Scalars a problem reports beside the fitness: a control task's fitness is the negated
 /// mean return, so its `return` (higher is better) is logged and shown too.
-fn extra_scalars(config: &Config, fitness_mean: f64) -> std::collections::BTreeMap<String, f64> {
+fn extra_scalars(
+    config: &Config,
+    fitness_mean: f64,
+    trainer: &Runner,
+) -> std::collections::BTreeMap<String, f64> {
     let mut extra = std::collections::BTreeMap::new();
     if matches!(config.problem, ProblemConfig::Control { .. }) {
         extra.insert("return".to_string(), -fitness_mean);
+    }
+    for (k, v) in trainer.extra() {
+        extra.insert(k.to_string(), v);
     }
     extra
 }
