@@ -20,6 +20,7 @@ pub use shardes_hlo as hlo;
 pub use shardes_runtime as runtime;
 
 pub mod bench;
+pub mod bench_control;
 pub mod dtype;
 #[cfg(feature = "models")]
 pub mod hf;

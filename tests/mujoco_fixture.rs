@@ -131,7 +131,7 @@ fn the_cartpole_environment_steps_as_its_model() {
 }
 
 #[test]
-fn reacher_reward_is_minus_distance_and_control_cost() {
+fn reacher_reward_is_minus_distance_and_a_tenth_of_the_control_cost() {
     let env = MjcfEnv::new(model("reacher.xml")).unwrap();
     assert_eq!(
         (env.obs_dim(), env.action_dim(), env.frame_skip()),
@@ -156,7 +156,7 @@ fn reacher_reward_is_minus_distance_and_control_cost() {
     let d = ep.data().sensordata();
     let dist = (d[0] * d[0] + d[1] * d[1] + d[2] * d[2]).sqrt();
     assert!(!done);
-    let want = -dist - (0.25 + 0.0625);
+    let want = -dist - 0.1 * (0.25 + 0.0625);
     assert!((r - want).abs() < 1e-12, "{r} vs {want}");
 }
 
