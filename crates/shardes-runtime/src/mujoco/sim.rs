@@ -162,10 +162,14 @@ impl Model {
                 // MuJoCo's buffer is NUL-terminated within its size; the last byte is kept 0.
                 error[ERROR_BYTES - 1] = 0;
                 // SAFETY: `error` holds a NUL byte within its length (just written).
-                let message = unsafe { CStr::from_ptr(error.as_ptr()) }
-                    .to_string_lossy()
-                    .trim()
-                    .to_string();
+                let text = unsafe { CStr::from_ptr(error.as_ptr()) }.to_string_lossy();
+                // One line: MuJoCo puts the element and line number on a line of their own.
+                let message = text
+                    .lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty())
+                    .collect::<Vec<_>>()
+                    .join("; ");
                 Err(load_error(if message.is_empty() {
                     "MuJoCo gave no reason".into()
                 } else {
