@@ -475,9 +475,11 @@ mod tests {
                     continue;
                 };
                 let set = text.replacen(line, &line[2..], 1);
-                // `size` replaces `checkpoint` (they exclude each other).
+                // `size` replaces `checkpoint`, `mjcf` replaces `env` (they exclude each other).
                 let set = if key == "size" {
                     set.replace("\ncheckpoint = ", "\n# checkpoint = ")
+                } else if key == "mjcf" {
+                    set.replace("\nenv = ", "\n# env = ")
                 } else {
                     set
                 };

@@ -71,6 +71,7 @@ fn problem_keys_match_the_variants() {
         ("episodes", "3"),
         ("episode_length", "50"),
         ("hidden", "[8, 4]"),
+        ("mjcf", "\"m.xml\""),
     ];
     for (name, keys) in PROBLEM_VARIANTS {
         let mut body = format!("name = \"{name}\"\n");
@@ -109,7 +110,8 @@ fn problem_keys_match_the_variants() {
             "env",
             "episodes",
             "episode_length",
-            "hidden"
+            "hidden",
+            "mjcf"
         ]
     );
 }
