@@ -52,7 +52,7 @@ impl Rollouts {
 
     fn rows(env: &MjcfEnv, states: &[f64]) -> Result<usize, MjcfError> {
         let s = env.state_dim();
-        if states.is_empty() || states.len() % s != 0 {
+        if states.is_empty() || !states.len().is_multiple_of(s) {
             return Err(MjcfError::Size {
                 path: env.path().to_path_buf(),
                 what: "reset states",
