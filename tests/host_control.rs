@@ -184,26 +184,31 @@ fn the_host_trainer_is_the_same_on_1_and_8_devices() {
     assert_eq!(t.step().unwrap().len(), 16);
 }
 
-/// ES on the host path learns to balance the shipped cart-pole: the mean return (at most
-/// 200) rises from under 60 to at least 190 within 40 generations.
+/// ES on the host path learns to balance the shipped cart-pole with both published
+/// strategies, at `examples/cartpole_mujoco.toml`'s sizes (n 64, 8 episodes of 500
+/// steps): the mean return rises from under 60 to at least 450 (of 500) within 40
+/// generations. (The default tier's `cli_mujoco` checks a smaller run from the CLI.)
 #[test]
+#[ignore = "statistical tier"]
 fn stat_host_path_learns_cartpole_balance() {
-    let control = cartpole(4, 200, &[16]);
+    let control = cartpole(8, 500, &[16]);
     let k = key(0).unwrap();
     let params = control.init(k).unwrap();
     let client = Client::cpu(8).unwrap();
-    let es = es("mirrored(lowrank(r=1))", 32, 0.1, 0.3, 8)
-        .with_shaping(Box::new(shardes::hlo::es::shaping::CenteredRanks));
-    let mut t = HostTrainer::new(&client, &es, &control, &params, k, 0).unwrap();
-    let mut curve = Vec::new();
-    for _ in 0..40 {
-        let f = t.step().unwrap();
-        curve.push(-f.iter().map(|&x| f64::from(x)).sum::<f64>() / f.len() as f64);
-        if curve.last().is_some_and(|&r| r >= 190.0) {
-            break;
+    for strategy in ["mirrored(lowrank(r=1))", "mirrored(seed_regenerated)"] {
+        let es = es(strategy, 64, 0.1, 0.3, 8)
+            .with_shaping(Box::new(shardes::hlo::es::shaping::CenteredRanks));
+        let mut t = HostTrainer::new(&client, &es, &control, &params, k, 0).unwrap();
+        let mut curve = Vec::new();
+        for _ in 0..40 {
+            let f = t.step().unwrap();
+            curve.push(-f.iter().map(|&x| f64::from(x)).sum::<f64>() / f.len() as f64);
+            if curve.last().is_some_and(|&r| r >= 450.0) {
+                break;
+            }
         }
+        eprintln!("{strategy}: mean return per generation: {curve:.1?}");
+        assert!(curve[0] < 60.0, "{strategy}: {curve:?}");
+        assert!(curve.last().is_some_and(|&r| r >= 450.0), "{strategy}: {curve:?}");
     }
-    eprintln!("mean return per generation: {curve:.1?}");
-    assert!(curve[0] < 60.0, "{curve:?}");
-    assert!(curve.last().is_some_and(|&r| r >= 190.0), "{curve:?}");
 }
