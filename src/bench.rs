@@ -28,6 +28,9 @@ use shardes_runtime::{gather_rows, Buffer, Client, CompileOptions, Executable};
 use crate::state::DeviceState;
 use crate::{Error, Trainer};
 
+/// The decode benchmark: ES decode against a plain batched decode.
+pub mod decode;
+
 /// What to measure and how long.
 #[derive(Clone, Debug)]
 pub struct BenchOptions {

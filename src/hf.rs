@@ -655,6 +655,78 @@ pub fn load_checkpoint(dir: impl AsRef<Path>) -> Result<(Qwen2Config, ParamTree)
     Ok((config, params))
 }
 
+/// The token ids that end and pad a generation, as Hugging Face `generate` reads them.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct GenerationIds {
+    /// `eos_token_id`: any of these ends a sequence (empty: none does).
+    pub eos: Vec<u32>,
+    /// `pad_token_id`, written after a sequence ended.
+    pub pad: Option<u32>,
+}
+
+/// The `eos_token_id` (one id or a list) and `pad_token_id` of one JSON file's text;
+/// absent or null fields are `None`.
+fn generation_fields(text: &str, path: &Path) -> Result<(Option<Vec<u32>>, Option<u32>), HfError> {
+    let value: serde_json::Value = serde_json::from_str(text).map_err(|cause| HfError::Json {
+        path: path.to_path_buf(),
+        what: "generation config",
+        cause,
+    })?;
+    let bad = |what: &'static str, v: &serde_json::Value| HfError::Config {
+        path: path.to_path_buf(),
+        error: ProblemError::BadSetting {
+            what,
+            value: shardes_hlo::es::spec::excerpt(&v.to_string()),
+            fix: "a token id is a whole number from 0 to 2^32 - 1 (a list for several EOS ids)",
+        },
+    };
+    let id = |what: &'static str, v: &serde_json::Value| -> Result<u32, HfError> {
+        v.as_u64()
+            .and_then(|x| u32::try_from(x).ok())
+            .ok_or_else(|| bad(what, v))
+    };
+    let eos = match value.get("eos_token_id") {
+        None | Some(serde_json::Value::Null) => None,
+        Some(serde_json::Value::Array(items)) => Some(
+            items
+                .iter()
+                .map(|v| id("eos_token_id", v))
+                .collect::<Result<Vec<_>, _>>()?,
+        ),
+        Some(v) => Some(vec![id("eos_token_id", v)?]),
+    };
+    let pad = match value.get("pad_token_id") {
+        None | Some(serde_json::Value::Null) => None,
+        Some(v) => Some(id("pad_token_id", v)?),
+    };
+    Ok((eos, pad))
+}
+
+/// The EOS and pad ids of a checkpoint directory: `generation_config.json`'s (what
+/// `generate` uses) where it has them, else `config.json`'s; a missing file counts as
+/// empty.
+pub fn read_generation_ids(dir: impl AsRef<Path>) -> Result<GenerationIds, HfError> {
+    let dir = dir.as_ref();
+    let mut fields = Vec::new();
+    for name in ["generation_config.json", "config.json"] {
+        let path = dir.join(name);
+        if !path.is_file() {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).map_err(|cause| HfError::Read {
+            path: path.clone(),
+            cause,
+        })?;
+        fields.push(generation_fields(&text, &path)?);
+    }
+    let eos = fields
+        .iter()
+        .find_map(|(e, _)| e.clone())
+        .unwrap_or_default();
+    let pad = fields.iter().find_map(|(_, p)| *p);
+    Ok(GenerationIds { eos, pad })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -680,6 +752,25 @@ mod tests {
         assert!(e.to_string().contains("llama"), "{e}");
         let e = parse_config(r#"{"vocab_size":64}"#, p).expect_err("incomplete");
         assert!(e.to_string().contains("hidden_size"), "{e}");
+    }
+
+    #[test]
+    fn generation_ids_take_one_id_or_a_list_and_refuse_others() {
+        let p = Path::new("generation_config.json");
+        let f = |t: &str| generation_fields(t, p);
+        assert_eq!(f(r#"{"eos_token_id": 2}"#).unwrap(), (Some(vec![2]), None));
+        assert_eq!(
+            f(r#"{"eos_token_id": [151645, 151643], "pad_token_id": 151643}"#).unwrap(),
+            (Some(vec![151645, 151643]), Some(151643))
+        );
+        assert_eq!(f(r#"{"eos_token_id": null}"#).unwrap(), (None, None));
+        let e = f(r#"{"eos_token_id": -1}"#).unwrap_err().to_string();
+        assert!(
+            e.contains("eos_token_id") && e.contains("whole number"),
+            "{e}"
+        );
+        let e = f(r#"{"pad_token_id": "x"}"#).unwrap_err().to_string();
+        assert!(e.contains("pad_token_id"), "{e}");
     }
 
     #[test]

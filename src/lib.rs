@@ -8,6 +8,7 @@
 //! - [`problem`] turns a problem description into a model, parameters, a batch and a key;
 //! - [`trainer`] keeps an ES run's state on the devices and steps it;
 //! - [`outputs`] runs a population that returns outputs (tokens) for host rewards;
+//! - [`decode`] decodes prompts under every member's perturbation ([`PopulationDecoder`]);
 //! - [`io`] reads and writes parameter trees as safetensors;
 //! - [`mjcf`] makes MuJoCo models control environments stepped on the host;
 //! - [`tensorboard`] writes per-generation scalars as TensorBoard event files.
@@ -21,6 +22,7 @@ pub use shardes_runtime as runtime;
 
 pub mod bench;
 pub mod bench_control;
+pub mod decode;
 pub mod dtype;
 #[cfg(feature = "models")]
 pub mod hf;
@@ -39,6 +41,7 @@ pub mod tensorboard;
 pub mod tokenizer;
 pub mod trainer;
 
+pub use decode::{DecodeConfig, Decoded, PopulationDecoder};
 pub use outputs::{HostArray, HostData, OutputsRunner};
 #[cfg(feature = "models")]
 pub use problem::qwen2::{Qwen2Source, Qwen2Weights};
@@ -67,6 +70,9 @@ pub enum Error {
     /// A problem could not be built from its description.
     #[error(transparent)]
     Problem(#[from] ProblemError),
+    /// A prompt batch a decoder cannot take.
+    #[error(transparent)]
+    Decode(#[from] decode::DecodeError),
     /// A task (prompts, rewards, chat template) refused its input.
     #[error(transparent)]
     Task(#[from] tasks::TaskError),

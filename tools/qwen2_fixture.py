@@ -18,6 +18,15 @@ It writes:
 
 `tests/qwen2_fixture.rs` checks our logits against these within 1e-4 and our greedy tokens
 exactly, and our tokenizer's ids against the `tokenizers` library's.
+
+With `--generate`, it loads the model it saved (nothing else is rewritten) and writes
+`generate.json`: `model.generate(do_sample=False)` completions of prompts of different
+lengths, each prompt alone, up to `max_new_tokens` and stopped by EOS (the EOS token
+included), once with the checkpoint's EOS id and once with an EOS id the model does emit;
+with the smallest top-1/top-2 margin along the way. `tests/decode_rows.rs` decodes the
+prompts as one right-padded batch and checks every completion exactly:
+
+    /tmp/hfvenv/bin/python tools/qwen2_fixture.py --generate tests/fixtures/qwen2_tiny
 """
 
 import json
@@ -130,5 +139,80 @@ def main(out: Path) -> None:
     print(f"wrote {out}: greedy {greedy}, min margin {min_margin:.4f}")
 
 
+GENERATE_PROMPTS = [
+    "the population moves",
+    "low rank noise",
+    "the quick brown fox jumps over",
+    "score",
+]
+GENERATE_MAX_NEW = 8
+
+
+def greedy_until_eos(model, prompt, eos):
+    """`generate`'s completion of one prompt and the smallest top-1/top-2 margin of the
+    full forward along it (which must pick the same tokens)."""
+    x = torch.tensor([prompt])
+    with torch.no_grad():
+        g = model.generate(
+            x,
+            attention_mask=torch.ones_like(x),
+            max_new_tokens=GENERATE_MAX_NEW,
+            do_sample=False,
+            use_cache=True,
+            eos_token_id=eos,
+            pad_token_id=0,
+        )
+        new = g[0, len(prompt):].tolist()
+        margin = float("inf")
+        seq = list(prompt)
+        for t in new:
+            last = model(input_ids=torch.tensor([seq])).logits[0, -1]
+            top = torch.topk(last, 2).values
+            margin = min(margin, float(top[0] - top[1]))
+            assert int(last.argmax()) == t, "generate disagrees with the full forward"
+            seq.append(t)
+            if t in eos:
+                break
+    return new, margin
+
+
+def write_generate(out: Path) -> None:
+    model = Qwen2ForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    prompt_ids = [tok.encode(p).ids for p in GENERATE_PROMPTS]
+    cases = []
+    own = [0]
+    first = [greedy_until_eos(model, p, own)[0] for p in prompt_ids]
+    # An EOS id the model does emit mid-completion: the first token of the first
+    # completion, from its third on, that it has not emitted before.
+    c0 = first[0]
+    emitted = [next(t for i, t in enumerate(c0) if i >= 2 and t not in c0[:i]), 0]
+    for eos in [own, emitted]:
+        completions, margin = [], float("inf")
+        for p in prompt_ids:
+            new, m = greedy_until_eos(model, p, eos)
+            completions.append(new)
+            margin = min(margin, m)
+        cases.append({"eos": eos, "completions": completions, "min_margin": margin})
+    expected = {
+        "versions": {
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "tokenizers": tokenizers.__version__,
+        },
+        "prompts": GENERATE_PROMPTS,
+        "prompt_ids": prompt_ids,
+        "max_new_tokens": GENERATE_MAX_NEW,
+        "cases": cases,
+    }
+    (out / "generate.json").write_text(json.dumps(expected, indent=1) + "\n")
+    print(f"wrote {out / 'generate.json'}: {cases}")
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures/qwen2_tiny"))
+    args = [a for a in sys.argv[1:] if a != "--generate"]
+    target = Path(args[0] if args else "tests/fixtures/qwen2_tiny")
+    if "--generate" in sys.argv[1:]:
+        write_generate(target)
+    else:
+        main(target)

@@ -13,6 +13,7 @@
 #![allow(dead_code)]
 
 pub mod control;
+pub mod decode;
 pub mod es;
 pub mod model;
 pub mod shaping;

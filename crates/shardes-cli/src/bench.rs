@@ -179,8 +179,11 @@ fn check_memory(args: &BenchArgs, config: Config) -> Result<Config> {
     Ok(config)
 }
 
-/// Runs `shardes bench`.
+/// Runs `shardes bench` (a config with a `[decode]` section runs the decode benchmark).
 pub fn run(args: &BenchArgs) -> Result<()> {
+    if crate::bench_decode::is_decode_config(&args.config) {
+        return crate::bench_decode::run(args);
+    }
     let config = validated(args)?;
     if let ProblemConfig::Control { .. } = config.problem {
         return crate::bench_control::run(args, &config);

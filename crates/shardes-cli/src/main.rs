@@ -13,6 +13,7 @@ use shardes::runtime::RuntimeError;
 
 mod bench;
 mod bench_control;
+mod bench_decode;
 mod completions;
 mod config;
 mod diag;

@@ -7,9 +7,11 @@
 //! - [`params`]: parameter trees of named f32 arrays in JAX leaf order.
 //! - [`nn`]: the seams `dense` and `embed` through which models read 2-D weights;
 //! - [`es`]: strategies, shapings and the generation program;
+//! - [`decode`]: KV-cache decoding under every member's perturbation ([`decode::Decoder`]);
 //! - [`problems`]: the example models (init, data, forward, loss).
 
 pub mod builder;
+pub mod decode;
 pub mod es;
 pub mod nn;
 pub mod params;

@@ -446,15 +446,15 @@ pub fn dense(x: &Act, w: &Weight) -> Result<Act> {
 }
 
 /// `embed(E, ids) = E[ids]` for a table `E` of shape `(vocab, d)`; `ids` are integers of
-/// any logical shape, shared by the members. Low rank: `E[ids] + (A[ids] Bᵀ) · scale`.
+/// any logical shape, shared by the members or one set per member (tokens a member
+/// decoded). Low rank: `E[ids] + (A[ids] Bᵀ) · scale`.
 pub fn embed(table: &Weight, ids: &Act) -> Result<Act> {
     let op = "nn::embed";
-    if ids.members.is_some() || !ids.dtype().is_int() {
-        return Err(seam_err(
-            op,
-            ids.v.ty().to_string(),
-            "ids must be integers shared by the members",
-        ));
+    if !ids.dtype().is_int() {
+        return Err(seam_err(op, ids.v.ty().to_string(), "ids must be integers"));
+    }
+    if let Some(c) = ids.members {
+        return embed_per_member(table, ids, c);
     }
     let [vocab, d] = table.matrix_shape();
     let lead = ids.logical_shape().to_vec();
@@ -485,4 +485,48 @@ pub fn embed(table: &Weight, ids: &Act) -> Result<Act> {
             unflatten(y, Some(c), &lead, d)
         }
     }
+}
+
+/// [`embed`] of per-member ids (`[C, ..]`): member `c` reads rows of its own table.
+fn embed_per_member(table: &Weight, ids: &Act, c: i64) -> Result<Act> {
+    let op = "nn::embed";
+    if let Some(w) = table.members() {
+        if w != c {
+            return Err(seam_err(
+                op,
+                format!("ids {} and a table of {w} members", ids.v.ty()),
+                "ids and table hold different member counts",
+            ));
+        }
+    }
+    let [vocab, d] = table.matrix_shape();
+    let lead = ids.logical_shape().to_vec();
+    let t: i64 = lead.iter().product();
+    let flat = ids.v.reshape(&[c * t])?;
+    let f = ids.v.func();
+    // Row `c·rows + id` of a table flattened over the members, for ids `[C, T]`.
+    let offset = |rows: i64| -> Result<Value> {
+        let offs = f
+            .iota(crate::builder::TensorType::new(flat.dtype(), &[c, t]), 0)?
+            .mul(&f.scalar_of(flat.dtype(), rows as f64)?)?;
+        offs.add(&ids.v.reshape(&[c, t])?)?.reshape(&[c * t])
+    };
+    let y = match table {
+        Weight::Plain(w) => w.take_rows(&flat)?,
+        Weight::Members(w) => w.reshape(&[c * vocab, d])?.take_rows(&offset(vocab)?)?,
+        Weight::LowRank { base, a, b, scale } => {
+            let r = a.shape()[1];
+            let shared = base.take_rows(&flat)?.reshape(&[c, t, d])?;
+            // A[ids] per member: [C, r, V] -> [C, V, r] -> rows [C·T, r] -> [C, T, r]
+            let arows = a
+                .transpose(&[0, 2, 1])?
+                .reshape(&[c * vocab, r])?
+                .take_rows(&offset(vocab)?)?
+                .reshape(&[c, t, r])?;
+            let arows = arows.mul(&scale.broadcast_in_dim(&[c, t, r], &[0])?)?;
+            let corr = arows.dot_general(b, &DotDims::new(&[0], &[0], &[2], &[1]))?;
+            shared.add(&corr)?
+        }
+    };
+    unflatten(y, Some(c), &lead, d)
 }

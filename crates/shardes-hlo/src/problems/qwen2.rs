@@ -35,6 +35,9 @@ use crate::prng::{fold_in, normal, Key};
 
 use super::ProblemError;
 
+/// Qwen2 as a [`crate::decode::Decoder`] (prefill and step over a KV cache).
+pub mod decode;
+
 /// The most decoder layers [`Qwen2Config::validate`] accepts: far above any published
 /// model, and low enough that describing the layers' leaves stays cheap.
 pub const MAX_LAYERS: usize = 10_000;

@@ -1,0 +1,274 @@
+//! `shardes bench CONFIG` on a decode config (one with a `[decode]` section): tokens per
+//! second of the ES decode against a plain batched greedy decode of the same `n × B`
+//! sequences through the unperturbed weights, side by side ([`shardes::bench::decode`]).
+//!
+//! ```toml
+//! devices = 8
+//! [decode]
+//! size = "tiny"          # a preset, or checkpoint = "DIR", or a [decode.model] table
+//! batch = 4              # prompts per member
+//! prompt_len = 16
+//! max_new = 32
+//! compute_dtype = "f32"  # or "bf16"
+//! seed = 0
+//! [es]                   # the run config's [es] section
+//! strategy = "mirrored(lowrank(r=1))"
+//! n = 64
+//! sigma = 0.001
+//! lr = 0.0005
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use serde::Deserialize;
+use shardes::bench::decode::{run_decode, DecodeBenchInput, DecodeBenchReport};
+use shardes::decode::{load_qwen2, LoadedQwen2};
+use shardes::hlo::builder::DType;
+use shardes::hlo::es::EsSpec;
+use shardes::hlo::prng::{bits, fold_in};
+use shardes::hlo::problems::qwen2::Qwen2Config;
+use shardes::runtime::Client;
+use shardes::Qwen2Weights;
+
+use crate::bench::BenchArgs;
+use crate::config::{es_error, ConfigError};
+
+/// A decode benchmark's config.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DecodeBenchConfig {
+    #[serde(default = "one")]
+    devices: usize,
+    decode: DecodeSection,
+    es: EsSpec,
+}
+
+fn one() -> usize {
+    1
+}
+
+/// `[decode]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DecodeSection {
+    size: Option<String>,
+    checkpoint: Option<PathBuf>,
+    model: Option<ModelDims>,
+    batch: usize,
+    prompt_len: usize,
+    max_new: usize,
+    #[serde(default)]
+    compute_dtype: Option<String>,
+    #[serde(default)]
+    seed: u64,
+}
+
+/// `[decode.model]`: a random Qwen2 of these dimensions.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ModelDims {
+    vocab_size: usize,
+    hidden_size: usize,
+    intermediate_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    num_key_value_heads: usize,
+}
+
+/// Whether `path` is a decode config (its TOML has a `[decode]` table); unreadable or
+/// invalid files are left to the run config's own errors.
+pub fn is_decode_config(path: &Path) -> bool {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|t| t.parse::<toml::Table>().ok())
+        .is_some_and(|t| t.contains_key("decode"))
+}
+
+fn config_error(message: String, hint: &str) -> anyhow::Error {
+    ConfigError::new(message, hint).into()
+}
+
+/// The model, its parameters and key, from the `[decode]` section.
+fn model(d: &DecodeSection) -> Result<LoadedQwen2> {
+    let dtype = match d.compute_dtype.as_deref() {
+        None | Some("f32") => DType::F32,
+        Some("bf16") => DType::BF16,
+        Some(other) => {
+            return Err(config_error(
+                format!(
+                    "decode.compute_dtype = \"{}\"",
+                    shardes::hlo::es::spec::excerpt(other)
+                ),
+                "use \"f32\" or \"bf16\"",
+            ))
+        }
+    };
+    let source_err = |e: shardes::ProblemError| {
+        config_error(format!("decode: {e}"), "fix the model source in [decode]")
+    };
+    match (&d.size, &d.checkpoint, &d.model) {
+        (Some(size), None, None) => {
+            load_qwen2(&Qwen2Weights::Random(size.clone()), dtype, d.seed).map_err(source_err)
+        }
+        (None, Some(dir), None) => {
+            load_qwen2(&Qwen2Weights::Checkpoint(dir.clone()), dtype, d.seed).map_err(source_err)
+        }
+        (None, None, Some(m)) => {
+            let config = Qwen2Config {
+                vocab_size: m.vocab_size,
+                hidden_size: m.hidden_size,
+                intermediate_size: m.intermediate_size,
+                num_hidden_layers: m.num_hidden_layers,
+                num_attention_heads: m.num_attention_heads,
+                num_key_value_heads: m.num_key_value_heads,
+                rope_theta: 10_000.0,
+                rms_norm_eps: 1e-6,
+                tie_word_embeddings: true,
+            };
+            let key = shardes::hlo::prng::key(d.seed)
+                .map_err(|e| config_error(format!("decode.seed: {e}"), "use a seed below 2^63"))?;
+            let params = config.init(key, 0.02).map_err(|e| {
+                config_error(format!("decode.model: {e}"), "fix the dimension it names")
+            })?;
+            Ok(LoadedQwen2 {
+                config,
+                params,
+                key,
+                max_positions: None,
+                eos: Vec::new(),
+                pad: None,
+                compute_dtype: dtype,
+            })
+        }
+        _ => Err(config_error(
+            "[decode] needs exactly one of size, checkpoint or a [decode.model] table".into(),
+            "e.g. size = \"tiny\"",
+        )),
+    }
+}
+
+/// Runs the decode benchmark of `args.config`.
+pub fn run(args: &BenchArgs) -> Result<()> {
+    let text = std::fs::read_to_string(&args.config)
+        .with_context(|| format!("reading {}", args.config.display()))?;
+    let mut cfg: DecodeBenchConfig = toml::from_str(&text).map_err(|e| {
+        config_error(
+            format!("{}: {}", args.config.display(), e.message()),
+            "a decode benchmark config has devices, [decode] and [es] (see benches/decode_tiny.toml)",
+        )
+    })?;
+    if let Some(n) = args.n {
+        cfg.es.n = n;
+    }
+    if let Some(d) = args.devices {
+        cfg.devices = d;
+    }
+    if let Some(c) = args.member_chunk {
+        cfg.es.member_chunk = Some(c);
+    }
+    let es = cfg.es.build(cfg.devices).map_err(es_error)?;
+    let loaded = model(&cfg.decode)?;
+    let d = &cfg.decode;
+    let config = loaded.decode_config(d.batch, d.prompt_len, d.max_new);
+    let decoder = loaded.decoder(&config);
+    // Full-length prompts of random ids, drawn from the seed.
+    let vocab = loaded.config.vocab_size as u32;
+    let ids = bits(fold_in(loaded.key, 2), &[d.batch * d.prompt_len])
+        .map_err(|e| config_error(format!("decode: {e}"), "lower batch or prompt_len"))?;
+    let prompts: Vec<Vec<u32>> = ids
+        .chunks(d.prompt_len.max(1))
+        .map(|c| c.iter().map(|b| b % vocab).collect())
+        .collect();
+    let client = Client::cpu(cfg.devices)?;
+    let input = DecodeBenchInput {
+        client: &client,
+        es: &es,
+        decoder,
+        params: &loaded.params,
+        key: loaded.key,
+        config,
+        prompts,
+    };
+    let report = run_decode(
+        &input,
+        args.warmup,
+        args.generations,
+        &mut |stage, done, total| {
+            eprint!("\r{stage} {done}/{total}        ");
+        },
+    )
+    .map_err(|e| match e {
+        shardes::Error::Es(e) => es_error(e).into(),
+        other => anyhow::Error::from(other),
+    })?;
+    eprintln!();
+    print!("{}", table(&report));
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&report)?;
+        std::fs::write(path, text)
+            .with_context(|| format!("writing the JSON report to {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// The report as the human table.
+pub fn table(r: &DecodeBenchReport) -> String {
+    let mut s = String::new();
+    s.push_str(&format!(
+        "decode: {} n={} devices={} member_chunk={} batch={} prompt_len={} max_new={} \
+         rounds={}\n",
+        r.strategy, r.n, r.devices, r.member_chunk, r.batch, r.prompt_len, r.max_new, r.rounds
+    ));
+    s.push_str(&format!(
+        "{:<30}{:>14}{:>14}\n",
+        "", "ES decode", "plain decode"
+    ));
+    let row = |s: &mut String, what: &str, a: String, b: String| {
+        s.push_str(&format!("  {what:<28}{a:>14}{b:>14}\n"));
+    };
+    let (e, p) = (&r.es, &r.plain);
+    row(
+        &mut s,
+        "emission ms",
+        format!("{:.1}", e.emit_ms),
+        format!("{:.1}", p.emit_ms),
+    );
+    row(
+        &mut s,
+        "compile ms",
+        format!("{:.0}", e.compile_ms),
+        format!("{:.0}", p.compile_ms),
+    );
+    row(
+        &mut s,
+        "ms per call (median)",
+        format!("{:.2}", e.call_ms.median),
+        format!("{:.2}", p.call_ms.median),
+    );
+    row(
+        &mut s,
+        "ms (min..max)",
+        format!("{:.2}..{:.2}", e.call_ms.min, e.call_ms.max),
+        format!("{:.2}..{:.2}", p.call_ms.min, p.call_ms.max),
+    );
+    row(
+        &mut s,
+        "prefill + 1 token ms",
+        format!("{:.2}", e.prefill_ms.median),
+        format!("{:.2}", p.prefill_ms.median),
+    );
+    row(
+        &mut s,
+        "tokens/s",
+        format!("{:.0}", e.tokens_per_s),
+        format!("{:.0}", p.tokens_per_s),
+    );
+    s.push_str(&format!(
+        "{} tokens per call; plain/ES tokens/s ratio {:.3}; peak RSS {:.0} MiB\n",
+        r.tokens_per_call,
+        r.ratio,
+        r.peak_rss_bytes as f64 / 1048576.0
+    ));
+    s
+}

@@ -1,0 +1,342 @@
+//! Decoding a prompt batch under every member's perturbation, with the rewards on the host:
+//! [`PopulationDecoder`].
+//!
+//! Built on [`OutputsRunner`] with a [`DecodeSpec`] (see [`shardes_hlo::decode`] for what
+//! the program computes): [`PopulationDecoder::decode`] pads the prompts to the compiled
+//! batch (`B` rows right-padded to `P`), uploads only them, and returns each member's
+//! completions trimmed to their lengths; [`PopulationDecoder::tell`] takes the host fitness;
+//! [`PopulationDecoder::decode_plain`] decodes the unperturbed parameters greedily (held-out
+//! evaluation). The parameters never leave the devices.
+//!
+//! Completions: a row that emits an EOS id ends there, the EOS token included in its
+//! completion (and [`Decoded::ended`] set); otherwise it has `max_new` tokens.
+
+#[cfg(feature = "models")]
+mod source;
+
+#[cfg(feature = "models")]
+pub use source::{load_qwen2, LoadedQwen2};
+
+pub use shardes_hlo::decode::{Bounded, DecodeShape, DecodeSpec, Decoder, PlainRows, Sampling};
+
+use std::sync::OnceLock;
+
+use shardes_hlo::es::strategy::LowRank;
+use shardes_hlo::es::{leaf_infos, Program, ShardedES};
+use shardes_hlo::params::ParamTree;
+use shardes_hlo::prng::Key;
+use shardes_runtime::{Client, Executable};
+use thiserror::Error;
+
+use crate::outputs::{HostArray, OutputsRunner};
+use crate::split::HostFitness;
+use crate::Error;
+
+/// What a [`PopulationDecoder`] decodes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DecodeConfig {
+    /// Prompts per call (`B`, the compiled rows).
+    pub batch: usize,
+    /// The longest prompt (`P`, the compiled prompt slots).
+    pub prompt_len: usize,
+    /// New tokens per prompt (`T`).
+    pub max_new: usize,
+    /// Ids that end a completion (from the checkpoint's `generation_config.json`).
+    pub eos: Vec<u32>,
+    /// The id padding prompts and ended rows on the device (never in a completion).
+    pub pad: u32,
+    /// Greedy or sampled (with the members' sampling keys).
+    pub sampling: Sampling,
+}
+
+impl DecodeConfig {
+    /// A greedy decode of `batch` prompts of at most `prompt_len` tokens, `max_new` new
+    /// tokens each, no EOS, pad id 0.
+    pub fn greedy(batch: usize, prompt_len: usize, max_new: usize) -> DecodeConfig {
+        DecodeConfig {
+            batch,
+            prompt_len,
+            max_new,
+            eos: Vec::new(),
+            pad: 0,
+            sampling: Sampling::Greedy,
+        }
+    }
+
+    /// The shape the programs are compiled for.
+    pub fn shape(&self) -> DecodeShape {
+        DecodeShape {
+            batch: self.batch,
+            prompt_len: self.prompt_len,
+            max_new: self.max_new,
+        }
+    }
+
+    /// The decode spec of `decoder` for this config, rows shared in the plain program.
+    pub fn spec<D: Decoder>(&self, decoder: D) -> Result<DecodeSpec<D>, Error> {
+        Ok(
+            DecodeSpec::new(decoder, self.shape(), self.eos.clone(), self.pad)?
+                .with_sampling(self.sampling)?,
+        )
+    }
+}
+
+/// A prompt batch the decoder cannot take.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum DecodeError {
+    /// More prompts than compiled rows.
+    #[error(
+        "{got} prompts were given but the decoder was compiled for batch = {batch}; pass at \
+         most {batch} prompts per call or raise batch"
+    )]
+    TooManyPrompts {
+        /// Prompts given.
+        got: usize,
+        /// Compiled rows.
+        batch: usize,
+    },
+    /// A prompt without tokens.
+    #[error("prompt {index} is empty; every prompt needs at least one token")]
+    EmptyPrompt {
+        /// Its position in the call.
+        index: usize,
+    },
+    /// A prompt longer than the compiled prompt slots.
+    #[error(
+        "prompt {index} has {len} tokens but the decoder was compiled for prompts of at most \
+         prompt_len = {prompt_len}; raise prompt_len (prompt_len + max_new must stay within \
+         the model's positions) or shorten the prompt"
+    )]
+    PromptTooLong {
+        /// Its position in the call.
+        index: usize,
+        /// Its tokens.
+        len: usize,
+        /// The compiled prompt slots.
+        prompt_len: usize,
+    },
+    /// A token id outside the vocabulary.
+    #[error("prompt {index} holds token id {token}, outside the vocabulary of {vocab} tokens")]
+    TokenOutOfVocab {
+        /// Its position in the call.
+        index: usize,
+        /// The id.
+        token: u32,
+        /// The vocabulary size.
+        vocab: usize,
+    },
+}
+
+/// What one [`PopulationDecoder::decode`] call produced.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decoded {
+    /// `tokens[i][j]`: member `i`'s completion of prompt `j` (EOS included when one ended it).
+    pub tokens: Vec<Vec<Vec<u32>>>,
+    /// `ended[i][j]`: whether that completion ended with an EOS id.
+    pub ended: Vec<Vec<bool>>,
+    /// Tokens generated in all (the completions' total length).
+    pub generated: usize,
+}
+
+/// A population decoding prompts under its members' perturbations, state on the devices.
+pub struct PopulationDecoder {
+    runner: OutputsRunner,
+    config: DecodeConfig,
+    vocab: usize,
+    /// The evaluation program, compiled on the first [`PopulationDecoder::decode_plain`].
+    plain_program: Program,
+    plain: OnceLock<Executable>,
+}
+
+impl PopulationDecoder {
+    /// Compiles the decode and tell programs of `decoder` for `config` (the evaluation
+    /// program on the first [`PopulationDecoder::decode_plain`]) and uploads the state at
+    /// generation 0.
+    pub fn new<D: Decoder + Clone>(
+        client: &Client,
+        es: &ShardedES,
+        decoder: D,
+        params: &ParamTree,
+        key: Key,
+        config: DecodeConfig,
+    ) -> Result<PopulationDecoder, Error> {
+        Self::with_state(client, es, decoder, params, key, 0, config)
+    }
+
+    /// [`PopulationDecoder::new`] from a saved state (`params` and the `generation` the next
+    /// decode/tell pair runs), for resuming: the same keys, so the same sampled tokens.
+    pub fn with_state<D: Decoder + Clone>(
+        client: &Client,
+        es: &ShardedES,
+        decoder: D,
+        params: &ParamTree,
+        key: Key,
+        generation: u32,
+        config: DecodeConfig,
+    ) -> Result<PopulationDecoder, Error> {
+        let vocab = usize::try_from(decoder.vocab()).unwrap_or(0);
+        let spec = config.spec(decoder.clone())?;
+        let runner = OutputsRunner::with_state(client, es, &spec, params, key, generation)?;
+        // Evaluation: the unperturbed parameters, one member per device, greedy.
+        let devices = es.devices();
+        let eval_es = ShardedES::new(
+            Box::new(LowRank { r: 1 }),
+            devices,
+            es.sigma(),
+            es.lr(),
+            devices,
+        )?;
+        let eval = DecodeConfig {
+            sampling: Sampling::Greedy,
+            ..config.clone()
+        }
+        .spec(decoder)?;
+        let plain_program = eval_es.plain_outputs_program(&eval, &leaf_infos(params))?;
+        Ok(PopulationDecoder {
+            runner,
+            config,
+            vocab,
+            plain_program,
+            plain: OnceLock::new(),
+        })
+    }
+
+    /// The compiled batch as program inputs: prompts right-padded with the pad id, rows
+    /// past the last prompt one pad token long.
+    fn inputs(&self, prompts: &[Vec<u32>]) -> Result<Vec<HostArray>, Error> {
+        let c = &self.config;
+        if prompts.len() > c.batch {
+            return Err(DecodeError::TooManyPrompts {
+                got: prompts.len(),
+                batch: c.batch,
+            }
+            .into());
+        }
+        let mut ids = vec![c.pad as i32; c.batch * c.prompt_len];
+        let mut lens = vec![1i32; c.batch];
+        for (index, p) in prompts.iter().enumerate() {
+            if p.is_empty() {
+                return Err(DecodeError::EmptyPrompt { index }.into());
+            }
+            if p.len() > c.prompt_len {
+                return Err(DecodeError::PromptTooLong {
+                    index,
+                    len: p.len(),
+                    prompt_len: c.prompt_len,
+                }
+                .into());
+            }
+            if let Some(&token) = p.iter().find(|&&t| t as usize >= self.vocab) {
+                return Err(DecodeError::TokenOutOfVocab {
+                    index,
+                    token,
+                    vocab: self.vocab,
+                }
+                .into());
+            }
+            for (slot, &t) in ids[index * c.prompt_len..].iter_mut().zip(p) {
+                // Below the vocabulary size, which fits i32 (the program's ids).
+                *slot = t as i32;
+            }
+            lens[index] = p.len() as i32;
+        }
+        Ok(vec![
+            HostArray::i32(&[c.batch, c.prompt_len], ids),
+            HostArray::i32(&[c.batch], lens),
+        ])
+    }
+
+    /// The first `prompts` rows of each of `members` members' outputs as completions.
+    fn completions(
+        &self,
+        out: &[HostArray],
+        members: usize,
+        prompts: usize,
+    ) -> Result<Decoded, Error> {
+        let c = &self.config;
+        let (Some(tokens), Some(lengths)) = (out[0].as_i32(), out[1].as_i32()) else {
+            return Err(Error::Invalid(
+                "the decode program returned no i32 tokens".into(),
+            ));
+        };
+        let mut decoded = Decoded {
+            tokens: Vec::with_capacity(members),
+            ended: Vec::with_capacity(members),
+            generated: 0,
+        };
+        for i in 0..members {
+            let mut rows = Vec::with_capacity(prompts);
+            let mut ended = Vec::with_capacity(prompts);
+            for j in 0..prompts {
+                let row = i * c.batch + j;
+                let len = (lengths[row].max(0) as usize).min(c.max_new);
+                let seq: Vec<u32> = tokens[row * c.max_new..row * c.max_new + len]
+                    .iter()
+                    .map(|&t| t as u32)
+                    .collect();
+                ended.push(seq.last().is_some_and(|t| c.eos.contains(t)));
+                decoded.generated += len;
+                rows.push(seq);
+            }
+            decoded.tokens.push(rows);
+            decoded.ended.push(ended);
+        }
+        Ok(decoded)
+    }
+
+    /// Every member's completions of `prompts` (at most `batch`, each of 1 to `prompt_len`
+    /// tokens, refused otherwise with a [`DecodeError`]).
+    pub fn decode(&self, prompts: &[Vec<u32>]) -> Result<Decoded, Error> {
+        let inputs = self.inputs(prompts)?;
+        let out = self.runner.outputs(&inputs)?;
+        self.completions(&out, self.runner.layout().n, prompts.len())
+    }
+
+    /// The unperturbed parameters' greedy completions of `prompts` (for evaluation), one
+    /// per prompt, trimmed like [`PopulationDecoder::decode`]'s. The first call compiles
+    /// the evaluation program.
+    pub fn decode_plain(&self, prompts: &[Vec<u32>]) -> Result<Vec<Vec<u32>>, Error> {
+        let inputs = self.inputs(prompts)?;
+        let exe = match self.plain.get() {
+            Some(exe) => exe,
+            None => {
+                let exe = self.runner.compile(&self.plain_program)?;
+                self.plain.get_or_init(|| exe)
+            }
+        };
+        let out = self.runner.run(exe, &self.plain_program.layout, &inputs)?;
+        let mut d = self.completions(&out, 1, prompts.len())?;
+        Ok(d.tokens.swap_remove(0))
+    }
+
+    /// Tells the host fitness (one value per member, lower is better: negate a reward) and
+    /// advances the generation.
+    pub fn tell(&mut self, fitness: &HostFitness) -> Result<(), Error> {
+        self.runner.tell(fitness)
+    }
+
+    /// The generation the next decode/tell pair runs.
+    pub fn generation(&self) -> u32 {
+        self.runner.generation()
+    }
+
+    /// Copies the parameters back to the host.
+    pub fn params(&self) -> Result<ParamTree, Error> {
+        self.runner.params()
+    }
+
+    /// The population size.
+    pub fn n(&self) -> usize {
+        self.runner.layout().n
+    }
+
+    /// What this decoder was compiled for.
+    pub fn config(&self) -> &DecodeConfig {
+        &self.config
+    }
+
+    /// The runner underneath (outputs and tell over the device state).
+    pub fn runner(&self) -> &OutputsRunner {
+        &self.runner
+    }
+}

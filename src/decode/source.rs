@@ -1,0 +1,109 @@
+//! A Qwen2 model to decode with, from a checkpoint or a random preset: the model, its
+//! parameters, the run's key and the checkpoint's EOS and pad ids.
+
+use shardes_hlo::builder::DType;
+use shardes_hlo::decode::Bounded;
+use shardes_hlo::params::ParamTree;
+use shardes_hlo::prng::Key;
+use shardes_hlo::problems::qwen2::{Qwen2, Qwen2Config};
+
+use super::DecodeConfig;
+use crate::problem::qwen2::Qwen2Weights;
+use crate::problem::{run_key, ProblemError, Setting};
+
+/// A Qwen2 loaded for decoding.
+#[derive(Debug, Clone)]
+pub struct LoadedQwen2 {
+    /// The hyperparameters.
+    pub config: Qwen2Config,
+    /// The initial parameters.
+    pub params: ParamTree,
+    /// The run's key, `key(seed)` (random presets draw their parameters from it).
+    pub key: Key,
+    /// The checkpoint's `max_position_embeddings`, if it says.
+    pub max_positions: Option<usize>,
+    /// The checkpoint's EOS ids (`generation_config.json`, else `config.json`).
+    pub eos: Vec<u32>,
+    /// The checkpoint's pad id, if it has one.
+    pub pad: Option<u32>,
+    /// The forward's dtype (the cache's too).
+    pub compute_dtype: DType,
+}
+
+impl LoadedQwen2 {
+    /// The model as a decoder, bounded by the checkpoint's positions where it has them.
+    pub fn decoder(&self, config: &DecodeConfig) -> Bounded<Qwen2> {
+        let model = Qwen2::new(self.config.clone(), config.batch, config.prompt_len)
+            .with_compute_dtype(self.compute_dtype);
+        Bounded {
+            inner: model,
+            max_positions: self.max_positions.unwrap_or(usize::MAX),
+        }
+    }
+
+    /// A greedy [`DecodeConfig`] with the checkpoint's EOS ids and its pad id (else the
+    /// first EOS id, as `generate` pads, else 0).
+    pub fn decode_config(&self, batch: usize, prompt_len: usize, max_new: usize) -> DecodeConfig {
+        DecodeConfig {
+            eos: self.eos.clone(),
+            pad: self.pad.or(self.eos.first().copied()).unwrap_or(0),
+            ..DecodeConfig::greedy(batch, prompt_len, max_new)
+        }
+    }
+}
+
+fn checkpoint_error(e: crate::hf::HfError) -> ProblemError {
+    ProblemError::Input {
+        setting: Setting::Checkpoint,
+        message: format!("checkpoint: {e}"),
+        fix: "point the checkpoint at a Hugging Face Qwen2 directory (config.json, \
+              generation_config.json and model.safetensors)"
+            .into(),
+    }
+}
+
+/// Loads `weights` for decoding in `compute_dtype` with `key = key(seed)`: a checkpoint's
+/// config, parameters and generation ids, or a random preset's parameters (drawn from the
+/// key with std 0.02, no EOS).
+pub fn load_qwen2(
+    weights: &Qwen2Weights,
+    compute_dtype: DType,
+    seed: u64,
+) -> Result<LoadedQwen2, ProblemError> {
+    let key = run_key(seed)?;
+    match weights {
+        Qwen2Weights::Checkpoint(dir) => {
+            let hf = crate::hf::read_hf_config(dir).map_err(checkpoint_error)?;
+            let params = crate::hf::load_params(dir, &hf.config).map_err(checkpoint_error)?;
+            let ids = crate::hf::read_generation_ids(dir).map_err(checkpoint_error)?;
+            Ok(LoadedQwen2 {
+                config: hf.config,
+                params,
+                key,
+                max_positions: hf.max_position_embeddings,
+                eos: ids.eos,
+                pad: ids.pad,
+                compute_dtype,
+            })
+        }
+        Qwen2Weights::Random(size) => {
+            let config = Qwen2Config::by_size(size).map_err(|e| ProblemError::Input {
+                setting: Setting::Size,
+                message: format!("size: {e}"),
+                fix: "use \"tiny\", \"0.5b\" or \"1.5b\"".into(),
+            })?;
+            let params = config
+                .init(key, 0.02)
+                .map_err(ProblemError::host("initialising random qwen2 parameters"))?;
+            Ok(LoadedQwen2 {
+                config,
+                params,
+                key,
+                max_positions: None,
+                eos: Vec::new(),
+                pad: None,
+                compute_dtype,
+            })
+        }
+    }
+}
