@@ -209,6 +209,9 @@ fn stat_host_path_learns_cartpole_balance() {
         }
         eprintln!("{strategy}: mean return per generation: {curve:.1?}");
         assert!(curve[0] < 60.0, "{strategy}: {curve:?}");
-        assert!(curve.last().is_some_and(|&r| r >= 450.0), "{strategy}: {curve:?}");
+        assert!(
+            curve.last().is_some_and(|&r| r >= 450.0),
+            "{strategy}: {curve:?}"
+        );
     }
 }

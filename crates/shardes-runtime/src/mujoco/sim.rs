@@ -141,6 +141,10 @@ impl Model {
         let c_path = CString::new(path.as_os_str().as_encoded_bytes())
             .map_err(|_| load_error("the path contains a NUL byte".into()))?;
         let mut error = vec![0 as c_char; ERROR_BYTES];
+        // MuJoCo's XML reader and compiler keep global state (the element schema, the
+        // plugin and resource tables); loads are serialised, simulations are not.
+        static LOADING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _one = LOADING.lock().unwrap_or_else(|p| p.into_inner());
         // SAFETY: `c_path` is a NUL-terminated path; a null VFS means the file system;
         // `error` is writable for ERROR_BYTES bytes, the size passed, and MuJoCo writes a
         // NUL-terminated message of at most that size into it.
