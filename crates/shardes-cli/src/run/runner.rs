@@ -12,7 +12,7 @@ use crate::setup::Setup;
 /// A run's trainer.
 pub enum Runner {
     /// The generation program.
-    Fused(Trainer),
+    Fused(Box<Trainer>),
     /// Host simulations, device policy.
     Host(Box<HostTrainer>),
 }
@@ -26,12 +26,12 @@ impl Runner {
                 HostTrainer::new(&s.client, &s.es, h, &p.params, p.key, start)
                     .context("building the policy step and tell programs")?,
             )),
-            None => Runner::Fused(
+            None => Runner::Fused(Box::new(
                 Trainer::with_state(
                     &s.client, &s.es, &*p.model, &p.params, p.key, &p.batch, start,
                 )
                 .context("building the generation program")?,
-            ),
+            )),
         })
     }
 
