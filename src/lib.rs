@@ -12,6 +12,7 @@
 //! - [`io`] reads and writes parameter trees as safetensors;
 //! - [`estimate`] measures gradient estimators (one generation's estimate, central
 //!   differences, cosine/bias/variance);
+//! - [`mjcf`] makes MuJoCo models control environments stepped on the host;
 //! - [`tensorboard`] writes per-generation scalars as TensorBoard event files.
 //!
 //! The default feature `models` adds Hugging Face checkpoints (`hf`), tokenizers
@@ -22,6 +23,7 @@ pub use shardes_hlo as hlo;
 pub use shardes_runtime as runtime;
 
 pub mod bench;
+pub mod bench_control;
 pub mod decode;
 pub mod dtype;
 pub mod estimate;
@@ -29,7 +31,9 @@ pub mod estimate;
 pub mod finetune;
 #[cfg(feature = "models")]
 pub mod hf;
+pub mod host_control;
 pub mod io;
+pub mod mjcf;
 pub mod outputs;
 pub mod problem;
 pub mod process;
@@ -77,6 +81,9 @@ pub enum Error {
     /// A task (prompts, rewards, chat template) refused its input.
     #[error(transparent)]
     Task(#[from] tasks::TaskError),
+    /// A MuJoCo environment (the library, the model file or its conventions).
+    #[error(transparent)]
+    Mjcf(#[from] mjcf::MjcfError),
     /// Anything else a caller got wrong; the message says what to change.
     #[error("{0}")]
     Invalid(String),

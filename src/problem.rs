@@ -20,6 +20,7 @@ use thiserror::Error;
 
 pub mod control;
 pub mod memory;
+pub mod mjcf;
 pub mod quadratic;
 #[cfg(feature = "models")]
 pub mod qwen2;

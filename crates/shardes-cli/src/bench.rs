@@ -1,7 +1,9 @@
 //! `shardes bench CONFIG`: generation time against the inference limit, the FLOP rate
 //! against the GEMM peak, host overhead and peak memory, as a table and JSON.
 //!
-//! The measuring is [`shardes::bench`]; this file turns a config into its inputs and
+//! A control config is measured in environment steps per second instead
+//! ([`crate::bench_control`]). The measuring is [`shardes::bench`]; this file turns a
+//! config into its inputs and
 //! prints the report as a table. Overrides (`--n`, `--devices`, `--member-chunk`) exist for scaling sweeps from
 //! one config file.
 
@@ -94,14 +96,18 @@ fn validated(args: &BenchArgs) -> Result<Config> {
     if let Some(path) = &args.json {
         check_writable("--json", path)?;
     }
-    if !matches!(config.problem, ProblemConfig::TransformerBlock { .. }) {
+    if !matches!(
+        config.problem,
+        ProblemConfig::TransformerBlock { .. } | ProblemConfig::Control { .. }
+    ) {
         return Err(ConfigError::new(
             format!(
-                "problem \"{}\": shardes bench knows the FLOPs of transformer_block only",
+                "problem \"{}\": shardes bench knows the FLOPs of transformer_block and the \
+                 environment steps of control only",
                 config.problem.name()
             ),
-            "benchmark a transformer_block config (e.g. benches/eggroll_n16384.toml); time \
-             other problems with shardes run",
+            "benchmark a transformer_block config (e.g. benches/eggroll_n16384.toml) or a \
+             control config (e.g. examples/cartpole.toml); time other problems with shardes run",
         )
         .into());
     }
@@ -179,6 +185,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         return crate::bench_decode::run(args);
     }
     let config = validated(args)?;
+    if let ProblemConfig::Control { .. } = config.problem {
+        return crate::bench_control::run(args, &config);
+    }
     let ProblemConfig::TransformerBlock {
         d_model,
         batch,

@@ -13,6 +13,7 @@ use shardes::hlo::es::{
 use shardes::hlo::problems::control::{self, Control, Env, Fitness, ENV_NAMES};
 use shardes::hlo::problems::quadratic::Quadratic;
 use shardes::hlo::problems::transformer_block::TransformerBlock;
+use shardes::host_control::MjcfControl;
 
 mod task;
 pub use task::{task_keys, EvalConfig, TaskConfig, EVAL_KEYS, TASK_NAMES};
@@ -125,6 +126,10 @@ pub enum ProblemConfig {
         /// The policy's hidden layer sizes (default `[32, 32]`; `[]`: a linear policy).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         hidden: Option<Vec<usize>>,
+        /// A MuJoCo model file (MJCF) simulated on the host instead of `env`
+        /// (`shardes::host_control`; the conventions are `shardes::mjcf`'s).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mjcf: Option<PathBuf>,
     },
     /// `quadratic`: `½ (θ − θ*)ᵀ H (θ − θ*)` over `b [cols]` and `w (rows, cols)` with a
     /// known gradient (`shardes estimate` measures against it).
@@ -158,7 +163,10 @@ pub const PROBLEM_VARIANTS: &[(&str, &[&str])] = &[
             "compute_dtype",
         ],
     ),
-    ("control", &["env", "episodes", "episode_length", "hidden"]),
+    (
+        "control",
+        &["env", "episodes", "episode_length", "hidden", "mjcf"],
+    ),
     ("quadratic", &["rows", "cols", "condition"]),
 ];
 
@@ -239,6 +247,7 @@ pub fn control(problem: &ProblemConfig, shaping: ShapingSpec) -> Result<Control,
         episodes,
         episode_length,
         hidden,
+        mjcf,
     } = problem
     else {
         return Err(ConfigError::new(
@@ -246,6 +255,16 @@ pub fn control(problem: &ProblemConfig, shaping: ShapingSpec) -> Result<Control,
             "set problem.name = \"control\"",
         ));
     };
+    if let Some(m) = mjcf {
+        return Err(ConfigError::new(
+            format!(
+                "problem.mjcf = \"{}\" is a MuJoCo model, simulated on the host, not an \
+                 in-program environment",
+                m.display()
+            ),
+            "build it with config::control_mjcf",
+        ));
+    }
     let env = control_env(env.as_deref())?;
     let hidden = hidden.clone().unwrap_or_else(|| vec![32, 32]);
     let c = Control::new(
@@ -295,12 +314,65 @@ pub fn quadratic(problem: &ProblemConfig) -> Result<Quadratic, ConfigError> {
     })
 }
 
+/// The MJCF control problem of a `control` `[problem]` with `mjcf` set (the defaults as
+/// [`control`]'s), or `None` when it names an in-program `env`. The model file is loaded
+/// later, with the MuJoCo library ([`shardes::host_control::MjcfControl::load`]).
+pub fn control_mjcf(
+    problem: &ProblemConfig,
+    shaping: ShapingSpec,
+) -> Result<Option<MjcfControl>, ConfigError> {
+    let ProblemConfig::Control {
+        env,
+        episodes,
+        episode_length,
+        hidden,
+        mjcf: Some(mjcf),
+    } = problem
+    else {
+        return Ok(None);
+    };
+    if let Some(env) = env {
+        return Err(ConfigError::new(
+            format!(
+                "problem.env = \"{env}\" and problem.mjcf = \"{}\" are both set",
+                mjcf.display()
+            ),
+            "keep one: env names an environment inside the program, mjcf a MuJoCo model \
+             simulated on the host",
+        ));
+    }
+    let hidden = hidden.clone().unwrap_or_else(|| vec![32, 32]);
+    let c = MjcfControl::new(
+        mjcf.clone(),
+        episodes.unwrap_or(4),
+        episode_length.unwrap_or(200),
+        &hidden,
+    )
+    .map_err(|e| {
+        ConfigError::new(
+            format!("problem.{e}"),
+            "episodes and episode_length must be at least 1, every hidden size at least 1 \
+             (hidden = [] is a linear policy)",
+        )
+    })?;
+    Ok(Some(c.with_fitness(
+        if shaping == ShapingSpec::GroupRelative {
+            Fitness::PerEpisode
+        } else {
+            Fitness::Mean
+        },
+    )))
+}
+
 /// The environment `problem.env` names, or the error listing the valid ones.
 fn control_env(env: Option<&str>) -> Result<Env, ConfigError> {
     let Some(name) = env else {
         return Err(ConfigError::new(
-            "problem \"control\" needs problem.env",
-            format!("add env = \"NAME\", one of: {}", ENV_NAMES.join(", ")),
+            "problem \"control\" needs problem.env (or problem.mjcf)",
+            format!(
+                "add env = \"NAME\", one of: {}; or mjcf = \"model.xml\" for a MuJoCo model",
+                ENV_NAMES.join(", ")
+            ),
         ));
     };
     name.parse().map_err(|_: control::UnknownEnv| {
@@ -346,6 +418,9 @@ impl ProblemConfig {
     /// environment and positive counts.
     fn check(&self, task: bool) -> Result<(), ConfigError> {
         if let ProblemConfig::Control { .. } = self {
+            if control_mjcf(self, ShapingSpec::default())?.is_some() {
+                return Ok(());
+            }
             return control(self, ShapingSpec::default()).map(|_| ());
         }
         if let ProblemConfig::Quadratic { .. } = self {
@@ -869,6 +944,9 @@ impl Config {
             files.extend(t.input_files());
         }
         files.extend(sigma::input_files(&self.es));
+        if let ProblemConfig::Control { mjcf: Some(m), .. } = &self.problem {
+            files.push(("problem.mjcf".into(), m.clone()));
+        }
         files
     }
 

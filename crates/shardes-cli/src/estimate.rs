@@ -147,7 +147,7 @@ pub fn run(args: &EstimateArgs) -> Result<()> {
             })?;
         }
     }
-    let (_, problem) = setup::problem(&config)?;
+    let (_, problem, _) = setup::problem(&config)?;
     let client = setup::client(&config)?;
     let leaves = leaf_infos(&problem.params);
     let mut out = Stdout::new();

@@ -196,6 +196,12 @@ fn doc(section: &str, key: &str, problem: &str) -> Option<(String, Option<String
             "Condition number of the quadratic's Hessian (>= 1); its gradient is known, so \
              `shardes estimate` measures estimators against it.",
         ),
+        ("problem", "mjcf") => e(
+            "Instead of `env`: a MuJoCo model file (MJCF), simulated on host threads while the \
+             devices evaluate the policies (the README's \"MuJoCo models\" lists the \
+             conventions).",
+            "\"examples/mujoco/cartpole.xml\"",
+        ),
         ("es", "strategy") => Some((
             format!(
                 "Perturbation strategy: {} (e.g. \"lowrank(r=2)\", \"mirrored(seed_regenerated)\").",
@@ -358,7 +364,12 @@ fn keys(section: &str, problem: &str, task: Option<&str>) -> Vec<&'static str> {
                 .chain(own.iter().copied().filter(|k| !forced(k)))
                 .collect()
         }
-        "es" => config::ES_KEYS.to_vec(),
+        // A reward run steps with sgd only: no optimizer key to offer.
+        "es" => config::ES_KEYS
+            .iter()
+            .copied()
+            .filter(|k| task.is_none() || *k != "optimizer")
+            .collect(),
         _ => config::RUN_KEYS.to_vec(),
     }
 }
@@ -617,9 +628,11 @@ mod tests {
                     continue;
                 };
                 let set = text.replacen(line, &line[2..], 1);
-                // `size` replaces `checkpoint` (they exclude each other).
+                // `size` replaces `checkpoint`, `mjcf` replaces `env` (they exclude each other).
                 let set = if key == "size" {
                     set.replace("\ncheckpoint = ", "\n# checkpoint = ")
+                } else if key == "mjcf" {
+                    set.replace("\nenv = ", "\n# env = ")
                 } else {
                     set
                 };

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use shardes::hlo::es::{check_model, ShardedES};
+use shardes::hlo::problems::control::host::PolicyStep;
 use shardes::problem::ProblemShapes;
 use shardes::runtime::CompileOptions;
 
@@ -116,9 +117,19 @@ pub fn check_writable(flag: &str, path: &std::path::Path) -> Result<()> {
     }
 }
 
-/// The generation program of `config` as StableHLO text.
+/// The generation program of `config` as StableHLO text; for a control problem on a
+/// MuJoCo model, whose episodes run on the host, its policy step (the outputs program).
 pub fn generation_mlir(config: &Config) -> Result<String> {
     let (es, p) = problem_shapes(config)?;
+    if let Some(h) = setup::host_control(config)? {
+        let spec = h.spec();
+        let step = PolicyStep::new(&h.widths(), config.es.n, spec.episodes())?
+            .with_fitness(spec.fitness());
+        let program = es
+            .outputs_program(&step, &p.leaves)
+            .context("building the policy step program")?;
+        return Ok(program.module.to_mlir());
+    }
     let program = es
         .generation_program(&*p.model, &p.leaves)
         .context("building the generation program")?;

@@ -12,6 +12,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 use shardes::runtime::RuntimeError;
 
 mod bench;
+mod bench_control;
 mod bench_decode;
 mod completions;
 mod config;
@@ -21,6 +22,7 @@ mod init;
 mod inspect;
 mod out;
 mod plot;
+mod rollout;
 mod run;
 mod setup;
 mod taskset;
@@ -58,6 +60,8 @@ enum Command {
     Estimate(estimate::EstimateArgs),
     /// Draw a run's curves (fitness, ms/gen, held-out eval) as SVG or PNG; runs overlay.
     Plot(plot::PlotArgs),
+    /// Replay a trained control policy: the return of each episode (MuJoCo: qpos as CSV).
+    Rollout(rollout::RolloutArgs),
     /// Print a starter config with every key and its default, e.g. `shardes init > my.toml`.
     Init(init::InitArgs),
     /// Print a shell completion script to stdout, e.g. `shardes completions bash`.
@@ -125,6 +129,7 @@ fn main() -> ExitCode {
         Command::Diag(a) => diag::run(a).map(|()| 0),
         Command::Estimate(a) => estimate::run(a).map(|()| 0),
         Command::Plot(a) => plot::run(a).map(|()| 0),
+        Command::Rollout(a) => rollout::run(a).map(|()| 0),
         Command::Init(a) => init::run(a).map(|()| 0),
         Command::Completions(a) => {
             completions::run(a, Cli::command());

@@ -17,8 +17,13 @@ use shardes::runtime::plugin::{CPU, NAMED};
 use shardes::runtime::{Client, ClientOptions, Plugin, RuntimeError};
 use shardes::{Problem, ProblemError, Qwen2Source, Qwen2Weights};
 
+use shardes::host_control::{HostControl, MjcfControl};
+use shardes::mjcf::MjcfError;
+use shardes::runtime::mujoco::MujocoError;
+
 use crate::config::{
-    control, es_error, quadratic, transformer_block, Config, ConfigError, ProblemConfig,
+    control, control_mjcf, es_error, quadratic, transformer_block, Config, ConfigError,
+    ProblemConfig,
 };
 
 /// Everything a run needs: the ES, the [`Problem`] and a client to run it on.
@@ -34,6 +39,9 @@ pub struct Setup {
     /// For a `[task]` run: the decoding model's config, EOS and pad ids and positions (its
     /// parameters are [`Setup::problem`]'s).
     pub decode: Option<shardes::decode::LoadedQwen2>,
+    /// The loaded MuJoCo model of a `control` problem with `mjcf` (its episodes run on
+    /// the host: `shardes::host_control`).
+    pub host: Option<HostControl>,
 }
 
 /// The ES of `config` (strategy, n, sigma, lr, shaping, placement, chunk, noise budget):
@@ -55,6 +63,9 @@ pub enum Described {
     Control(shardes::hlo::problems::control::Control),
     /// `quadratic`.
     Quadratic(shardes::hlo::problems::quadratic::Quadratic),
+    /// `control` with `mjcf`, for `n` members (the model is loaded by
+    /// [`Described::problem`]).
+    Mjcf(MjcfControl, usize),
 }
 
 impl Described {
@@ -68,7 +79,10 @@ impl Described {
             } => Described::TransformerBlock(transformer_block(*d_model, *batch, *seq)),
             ProblemConfig::Qwen2 { .. } => Described::Qwen2(qwen2_source(&config.problem)?),
             ProblemConfig::Control { .. } => {
-                Described::Control(control(&config.problem, config.es.shaping)?)
+                match control_mjcf(&config.problem, config.es.shaping)? {
+                    Some(m) => Described::Mjcf(m, config.es.n),
+                    None => Described::Control(control(&config.problem, config.es.shaping)?),
+                }
             }
             ProblemConfig::Quadratic { .. } => Described::Quadratic(quadratic(&config.problem)?),
         })
@@ -81,33 +95,71 @@ impl Described {
             Described::Qwen2(q) => Problem::qwen2(&q, seed),
             Described::Control(c) => Problem::control(c, seed),
             Described::Quadratic(q) => Problem::quadratic(q, seed),
+            Described::Mjcf(m, n) => Problem::mjcf(&load_mjcf(m)?, n, seed),
         }
         .map_err(problem_error)
     }
 
-    /// The problem by shape alone (nothing allocated).
+    /// The problem by shape alone (nothing allocated; an MJCF model is loaded, which its
+    /// observation and action sizes need).
     pub fn shapes(self, seed: u64) -> anyhow::Result<ProblemShapes> {
         match self {
             Described::TransformerBlock(tb) => Problem::transformer_block_shapes(tb, seed),
             Described::Qwen2(q) => Problem::qwen2_shapes(&q, seed),
             Described::Control(c) => Problem::control_shapes(c, seed),
             Described::Quadratic(q) => Problem::quadratic_shapes(q, seed),
+            Described::Mjcf(m, n) => Problem::mjcf_shapes(&load_mjcf(m)?, n, seed),
         }
         .map_err(problem_error)
     }
 }
 
+/// Loads the MuJoCo model of an `mjcf` problem: a model MuJoCo refuses, or one that breaks
+/// the conventions, is the config's `problem.mjcf` to fix (exit 2, MuJoCo's message); a
+/// library that cannot be found or opened is a failure with its own fix.
+pub fn load_mjcf(m: MjcfControl) -> anyhow::Result<HostControl> {
+    let path = m.mjcf().to_path_buf();
+    m.load(None).map_err(|e| match e {
+        MjcfError::Mujoco(MujocoError::Load { message, .. }) => ConfigError::new(
+            format!(
+                "problem.mjcf = \"{}\": MuJoCo cannot load it: {message}",
+                path.display()
+            ),
+            "point problem.mjcf at an MJCF model file MuJoCo 4.0 loads (e.g. \
+             examples/mujoco/cartpole.xml)",
+        )
+        .into(),
+        e @ MjcfError::Convention { .. } => ConfigError::new(
+            format!("problem.mjcf: {e}"),
+            "the conventions are in the README's \"MuJoCo models\" section",
+        )
+        .into(),
+        other => anyhow::Error::new(other).context("opening the MuJoCo library"),
+    })
+}
+
+/// The loaded MJCF model of `config`'s problem, if it has one.
+pub fn host_control(config: &Config) -> anyhow::Result<Option<HostControl>> {
+    control_mjcf(&config.problem, config.es.shaping)?
+        .map(load_mjcf)
+        .transpose()
+}
+
 /// The ES and the problem of `config` (no client, no I/O besides reading the problem's
-/// files).
-pub fn problem(config: &Config) -> anyhow::Result<(ShardedES, Problem)> {
+/// files), and the loaded MuJoCo model of an `mjcf` problem.
+pub fn problem(config: &Config) -> anyhow::Result<(ShardedES, Problem, Option<HostControl>)> {
     let es = es(config)?;
-    let problem = Described::of(config)?.problem(config.run.seed)?;
+    let host = host_control(config)?;
+    let problem = match &host {
+        Some(h) => Problem::mjcf(h, config.es.n, config.run.seed).map_err(problem_error)?,
+        None => Described::of(config)?.problem(config.run.seed)?,
+    };
     let leaves = shardes::hlo::es::leaf_infos(&problem.params);
     crate::config::sigma::check_leaves(&es, &leaves)?;
     // The programs would derive it from the model too; set here, the ES's own reports
     // (member chunk, kept noise) agree with them.
     let es = es.with_member_bytes(problem.model.member_bytes());
-    Ok((es, problem))
+    Ok((es, problem, host))
 }
 
 /// The ES of `config` for `model` (its member bytes size the member chunks).
@@ -272,14 +324,17 @@ pub fn client_for(plugin: Option<&str>, devices: usize) -> anyhow::Result<Client
 /// Turns a config into everything a run needs: [`problem`] (or, for a `[task]` config,
 /// the model to decode with) plus [`client`].
 pub fn build(config: &Config) -> anyhow::Result<Setup> {
-    let (es, problem, decode) = match &config.task {
+    let (es, problem, decode, host) = match &config.task {
         Some(_) => {
             let (problem, loaded) = decoding_problem(config)?;
-            (self::es(config)?, problem, Some(loaded))
+            let es = self::es(config)?;
+            let leaves = shardes::hlo::es::leaf_infos(&problem.params);
+            crate::config::sigma::check_leaves(&es, &leaves)?;
+            (es, problem, Some(loaded), None)
         }
         None => {
-            let (es, problem) = problem(config)?;
-            (es, problem, None)
+            let (es, problem, host) = problem(config)?;
+            (es, problem, None, host)
         }
     };
     let client = client(config)?;
@@ -289,6 +344,7 @@ pub fn build(config: &Config) -> anyhow::Result<Setup> {
         problem,
         client,
         decode,
+        host,
     })
 }
 

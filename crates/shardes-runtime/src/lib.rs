@@ -70,6 +70,7 @@ mod executable;
 mod ffi;
 mod handle;
 mod hlo;
+pub mod mujoco;
 pub mod plugin;
 mod proto;
 

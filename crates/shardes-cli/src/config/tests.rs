@@ -79,6 +79,7 @@ fn problem_keys_match_the_variants() {
         ("rows", "4"),
         ("cols", "3"),
         ("condition", "10.0"),
+        ("mjcf", "\"m.xml\""),
     ];
     for (name, keys) in PROBLEM_VARIANTS {
         let mut body = format!("name = \"{name}\"\n");
@@ -118,6 +119,7 @@ fn problem_keys_match_the_variants() {
             "episodes",
             "episode_length",
             "hidden",
+            "mjcf",
             "rows",
             "cols",
             "condition"

@@ -1,10 +1,12 @@
-//! What `shardes run` steps: the fused generation program, or a reward run (decode,
-//! score on the host, `tell`) with held-out evaluations.
+//! What `shardes run` steps: the fused generation program, a reward run (decode, score on
+//! the host, `tell`) with held-out evaluations, or host simulations (MuJoCo) with the
+//! policy on the devices.
 
 use std::collections::BTreeMap;
 
 use anyhow::Result;
 use shardes::hlo::params::ParamTree;
+use shardes::host_control::HostTrainer;
 use shardes::{BuildTimes, Trainer};
 
 use super::reward::RewardRun;
@@ -24,6 +26,8 @@ pub(super) enum Engine {
     Fused(Trainer),
     /// Decoding program + host reward + tell program.
     Reward(Box<RewardRun>),
+    /// Host simulations (MuJoCo) with the policy on the devices.
+    Host(Box<HostTrainer>),
 }
 
 impl Engine {
@@ -35,6 +39,18 @@ impl Engine {
                 extra: BTreeMap::new(),
             }),
             Engine::Reward(r) => r.step(),
+            Engine::Host(t) => {
+                let fitness = t.step()?;
+                let mut extra = BTreeMap::new();
+                // The environment steps per second and the simulations' share of the time.
+                if let Some(s) = t.last_stats() {
+                    let r = &s.rollouts;
+                    let total = (r.sim_secs + r.policy_secs).max(1e-12);
+                    extra.insert("env_steps_per_s".to_string(), r.env_steps as f64 / total);
+                    extra.insert("sim_share".to_string(), r.sim_secs / total);
+                }
+                Ok(StepOut { fitness, extra })
+            }
         }
     }
 
@@ -43,6 +59,7 @@ impl Engine {
         Ok(match self {
             Engine::Fused(t) => t.params()?,
             Engine::Reward(r) => r.params()?,
+            Engine::Host(t) => t.params()?,
         })
     }
 
@@ -51,7 +68,7 @@ impl Engine {
     pub fn optimizer_state(&self) -> Result<Vec<(String, shardes::hlo::params::Array)>> {
         Ok(match self {
             Engine::Fused(t) => t.optimizer_state()?,
-            Engine::Reward(_) => Vec::new(),
+            Engine::Reward(_) | Engine::Host(_) => Vec::new(),
         })
     }
 
@@ -60,6 +77,7 @@ impl Engine {
         match self {
             Engine::Fused(t) => t.generation(),
             Engine::Reward(r) => r.generation(),
+            Engine::Host(t) => t.generation(),
         }
     }
 
@@ -68,6 +86,7 @@ impl Engine {
         match self {
             Engine::Fused(t) => t.build_times(),
             Engine::Reward(r) => r.build_times(),
+            Engine::Host(t) => t.build_times(),
         }
     }
 
@@ -76,7 +95,7 @@ impl Engine {
     /// to print.
     pub fn evaluate_if_due(&mut self, done: u32, last: bool) -> Result<Option<String>> {
         match self {
-            Engine::Fused(_) => Ok(None),
+            Engine::Fused(_) | Engine::Host(_) => Ok(None),
             Engine::Reward(r) => r.evaluate_if_due(done, last),
         }
     }

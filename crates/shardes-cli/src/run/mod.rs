@@ -39,6 +39,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use shardes::hlo::prng::Key;
+use shardes::host_control::HostTrainer;
 use shardes::rundir::{read_metrics, Metric, Mode, RunDir};
 use shardes::Trainer;
 
@@ -305,9 +306,13 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
         return Ok(Outcome::Finished);
     }
     let p = &s.problem;
-    let mut trainer = match &config.task {
-        Some(_) => Engine::Reward(Box::new(reward::build(&s, start)?)),
-        None => {
+    let mut trainer = match (&config.task, &s.host) {
+        (Some(_), _) => Engine::Reward(Box::new(reward::build(&s, start)?)),
+        (None, Some(h)) => Engine::Host(Box::new(
+            HostTrainer::new(&s.client, &s.es, h, &p.params, p.key, start)
+                .context("building the policy step and tell programs")?,
+        )),
+        (None, None) => {
             let mut trainer = Trainer::with_state(
                 &s.client, &s.es, &*p.model, &p.params, p.key, &p.batch, start,
             )

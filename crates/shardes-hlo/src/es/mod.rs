@@ -23,8 +23,8 @@ pub mod error;
 mod generation;
 pub mod layout;
 pub mod model;
-pub mod outputs;
 pub mod optimizer;
+pub mod outputs;
 pub mod program;
 pub mod settings;
 pub mod shaping;
@@ -36,8 +36,8 @@ pub use coupling::{Coupling, COUPLING_NAMES};
 pub use error::EsError;
 pub use layout::{Layout, ProgramArgs, ProgramKind, ProgramResults};
 pub use model::{check_model, leaf_infos, Access, Finding, Model, ModelParams};
-pub use outputs::{AsModel, MemberInfo, MemberOutputs, WithTasks, SAMPLE_TAG};
 pub use optimizer::{Optimizer, OptimizerKind, OptimizerName, OptimizerSpec, OPTIMIZER_NAMES};
+pub use outputs::{AsModel, MemberInfo, MemberOutputs, WithTasks, SAMPLE_TAG};
 pub use program::Program;
 pub use settings::{
     EsSpec, ShardedES, CHUNK_BYTES, DEFAULT_MEMBER_CHUNK, KEEP_NOISE_BYTES, TELL_CHUNK_BYTES,

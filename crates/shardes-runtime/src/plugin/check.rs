@@ -336,6 +336,23 @@ impl Section {
 /// Refuses `path` unless it is an ELF shared object for this machine, not truncated, that
 /// defines `GetPjrtApi` in its dynamic symbol table.
 pub(crate) fn check_elf(path: &Path) -> Result<()> {
+    check_elf_exporting(
+        path,
+        ENTRY_POINT,
+        "PJRT plugin",
+        "real plugins are hundreds of MB",
+    )
+}
+
+/// [`check_elf`] for any shared library `what` (e.g. "MuJoCo library") that must define
+/// the symbol `entry`: the same checks, the messages naming `what`, `entry` and the
+/// `typical` size.
+pub(crate) fn check_elf_exporting(
+    path: &Path,
+    entry: &[u8],
+    what: &str,
+    typical: &str,
+) -> Result<()> {
     let file = File::open(path).map_err(|e| RuntimeError::io(path, e))?;
     let size = file
         .metadata()
@@ -395,8 +412,8 @@ pub(crate) fn check_elf(path: &Path) -> Result<()> {
         return Err(not_a_plugin(
             path,
             format!(
-                "it is too small to be a PJRT plugin ({size} bytes; real plugins are hundreds \
-                 of MB, the smallest accepted is {MIN_PLUGIN_BYTES})"
+                "it is too small to be a {what} ({size} bytes; {typical}, the smallest \
+                 accepted is {MIN_PLUGIN_BYTES})"
             ),
         ));
     }
@@ -464,18 +481,21 @@ pub(crate) fn check_elf(path: &Path) -> Result<()> {
         // symbols through the dynamic segment, and `dlsym` reports a missing entry point.
         return Ok(());
     }
-    if exports_entry_point(&r, &sections)? {
+    if exports_entry_point(&r, &sections, entry)? {
         Ok(())
     } else {
         Err(not_a_plugin(
             path,
-            "it does not export GetPjrtApi (the entry point every PJRT plugin has)",
+            format!(
+                "it does not export {} (the entry point every {what} has)",
+                String::from_utf8_lossy(entry)
+            ),
         ))
     }
 }
 
-/// Whether the dynamic symbol table defines a global or weak `GetPjrtApi`.
-fn exports_entry_point(r: &Reader<'_>, sections: &[Section]) -> Result<bool> {
+/// Whether the dynamic symbol table defines a global or weak `entry`.
+fn exports_entry_point(r: &Reader<'_>, sections: &[Section], entry: &[u8]) -> Result<bool> {
     let Some(dynsym) = sections.iter().find(|s| s.kind == SHT_DYNSYM) else {
         return Ok(false);
     };
@@ -502,7 +522,7 @@ fn exports_entry_point(r: &Reader<'_>, sections: &[Section]) -> Result<bool> {
             continue;
         };
         let name = rest.split(|&b| b == 0).next().unwrap_or(rest);
-        if name == ENTRY_POINT {
+        if name == entry {
             return Ok(true);
         }
     }

@@ -9,7 +9,10 @@ mod log;
 mod provision;
 
 pub use check::MIN_PLUGIN_BYTES;
+// For the MuJoCo library (`crate::mujoco`), which is found, provisioned and checked alike.
+pub(crate) use check::{check_elf_exporting, verify_pinned};
 pub use log::{log_level, set_log_level, set_verbose, LogLevel, LOG_ENV};
+pub(crate) use provision::{provision_pinned_to, python_module_dir};
 
 pub use provision::{
     cache_root, cached_plugin_path, locate, provision, provision_into, resolve, PinnedPlugin, CPU,

@@ -235,7 +235,7 @@ impl PinnedPlugin {
 
 /// The directory of an importable Python package, without importing it (its parent
 /// packages are imported, which for the plugin namespaces runs no plugin code).
-fn python_module_dir(module: &str) -> Option<PathBuf> {
+pub(crate) fn python_module_dir(module: &str) -> Option<PathBuf> {
     let python = std::env::var(ENV_PYTHON).unwrap_or_else(|_| "python3".to_string());
     let out = Command::new(python)
         .args([
@@ -356,14 +356,19 @@ pub fn provision_into(root: &Path) -> Result<PathBuf> {
 }
 
 fn provision_pinned(p: &PinnedPlugin, root: &Path) -> Result<PathBuf> {
-    let target = p.cached_path(root);
+    provision_pinned_to(p, p.cached_path(root))
+}
+
+/// Provisions the pinned library `p` at `target` (see [`provision_into`]); a no-op if it
+/// is there. Libraries other than PJRT plugins (MuJoCo) choose their own cache path.
+pub(crate) fn provision_pinned_to(p: &PinnedPlugin, target: PathBuf) -> Result<PathBuf> {
     if target.is_file() {
         return Ok(target);
     }
     let dir = target
         .parent()
         .map(Path::to_path_buf)
-        .unwrap_or_else(|| root.to_path_buf());
+        .unwrap_or_else(|| PathBuf::from("."));
     let fail = |reason: String| RuntimeError::Provision {
         reason,
         manual: manual_steps_for(p, &dir),

@@ -123,10 +123,12 @@ use super::ProblemError;
 
 pub mod acrobot;
 pub mod cartpole;
+pub mod host;
 mod kit;
 pub mod mountain_car;
 pub mod pendulum;
 pub mod policy;
+pub mod rollout;
 
 pub use kit::Transition;
 use policy::Policy;
