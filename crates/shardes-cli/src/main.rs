@@ -18,6 +18,7 @@ mod completions;
 mod config;
 mod diag;
 mod estimate;
+mod generate;
 mod init;
 mod inspect;
 mod out;
@@ -58,6 +59,8 @@ enum Command {
     Diag(diag::DiagArgs),
     /// Gradient-estimate quality per strategy and coupling: cosine to the true gradient, bias, variance.
     Estimate(estimate::EstimateArgs),
+    /// Greedy completions of a qwen2 config's model (with rewards when it has a [task]).
+    Generate(generate::GenerateArgs),
     /// Draw a run's curves (fitness, ms/gen, held-out eval) as SVG or PNG; runs overlay.
     Plot(plot::PlotArgs),
     /// Replay a trained control policy: the return of each episode (MuJoCo: qpos as CSV).
@@ -128,6 +131,7 @@ fn main() -> ExitCode {
         Command::Bench(a) => bench::run(a).map(|()| 0),
         Command::Diag(a) => diag::run(a).map(|()| 0),
         Command::Estimate(a) => estimate::run(a).map(|()| 0),
+        Command::Generate(a) => generate::run(a).map(|()| 0),
         Command::Plot(a) => plot::run(a).map(|()| 0),
         Command::Rollout(a) => rollout::run(a).map(|()| 0),
         Command::Init(a) => init::run(a).map(|()| 0),

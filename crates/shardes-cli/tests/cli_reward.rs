@@ -102,6 +102,24 @@ fn a_tiny_model_learns_a_token_reward() {
     assert_eq!(e[0]["l2_from_init"].as_f64(), Some(0.0));
     assert!(e[3]["l2_from_init"].as_f64().unwrap() > 0.0);
     assert_eq!(e[0]["samples"].as_array().unwrap().len(), 3);
+
+    // `shardes generate` decodes the held-out prompts with the trained parameters.
+    let params = out.join("params.safetensors");
+    let o = bin()
+        .args(["generate", cfg.to_str().unwrap(), "--params"])
+        .arg(&params)
+        .args(["--split", "test", "--count", "16"])
+        .output()
+        .unwrap();
+    let (stdout, _) = exited(&o, 0);
+    assert_eq!(stdout.matches("### completion").count(), 16, "{stdout}");
+    let mean: f64 = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("mean reward "))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no mean reward line in {stdout}"));
+    assert!(mean >= 0.5, "{stdout}");
 }
 
 /// Sampled decoding (temperature 0.8) with fresh prompts every generation, killed after
@@ -141,7 +159,9 @@ fn a_killed_sampled_run_resumes_bit_for_bit() {
     );
     let strip = |mut v: Vec<serde_json::Value>| {
         for x in &mut v {
-            x.as_object_mut().unwrap().remove("tok/s");
+            let o = x.as_object_mut().unwrap();
+            o.remove("tok/s");
+            o.remove("host_share");
         }
         v
     };
@@ -182,6 +202,17 @@ fn the_countdown_example_runs_end_to_end() {
         "{sample}"
     );
     assert_eq!(state(&out)["generation"], 2);
+
+    // One prompt of one's own, graded by nothing (no split asked).
+    let o = bin()
+        .args(["generate", cfg.to_str().unwrap(), "--prompt"])
+        .arg("numbers 3 5 7 target 15 answer")
+        .args(["--max-new-tokens", "6"])
+        .output()
+        .unwrap();
+    let (stdout, _) = exited(&o, 0);
+    assert!(stdout.contains("### prompt 0\nnumbers 3 5 7 target 15 answer"), "{stdout}");
+    assert!(stdout.contains("### completion 0 ("), "{stdout}");
 }
 
 /// Bad task input: each a config error (exit 2) naming the problem and the fix.

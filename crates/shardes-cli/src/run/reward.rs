@@ -60,12 +60,16 @@ impl RewardRun {
     /// One generation; the metrics' extras are the mean reward, accuracy, format rate,
     /// tokens per second and (when any) the contained reward failures.
     pub fn step(&mut self) -> Result<StepOut> {
+        let t0 = Instant::now();
         let r = self.lp.step().map_err(too_long)?;
+        let secs = t0.elapsed().as_secs_f64().max(1e-12);
         let mut extra = BTreeMap::new();
         extra.insert("reward".to_string(), r.mean_reward);
         extra.insert("accuracy".to_string(), r.accuracy);
         extra.insert("format".to_string(), r.format_rate);
         extra.insert("tok/s".to_string(), r.tokens_per_sec());
+        // Encoding, detokenizing and scoring: the part of a generation on the host.
+        extra.insert("host_share".to_string(), r.host_secs / secs);
         if r.contained > 0 {
             extra.insert("contained".to_string(), r.contained as f64);
         }

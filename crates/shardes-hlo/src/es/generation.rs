@@ -660,7 +660,11 @@ impl<'a> Emitter<'a> {
                 }
             },
         )?;
-        if !matches!(self.es.optimizer.kind, OptimizerKind::Sgd) {
+        // Plain sgd is the per-leaf σ update below; anything else (weight decay included)
+        // is the optimizer's step, which takes one scalar σ.
+        let plain_sgd = matches!(self.es.optimizer.kind, OptimizerKind::Sgd)
+            && self.es.optimizer.weight_decay == 0.0;
+        if !plain_sgd {
             let uniform = self.scales.iter().all(
                 |s| matches!(s, LeafScale::Sigma(LeafSigma::Scalar(x)) if *x == self.es.sigma),
             );

@@ -1,0 +1,158 @@
+//! `shardes generate CONFIG`: greedy completions of a qwen2 config's model (its starting
+//! parameters or a trained `--params` file), of one `--prompt` or of the task's held-out
+//! (`--split test`) or training (`--split train`) prompts, with their rewards when the
+//! config has a `[task]`.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use shardes::finetune::{Prompt, PromptBatch, Sampler};
+use shardes::hlo::es::strategy::LowRank;
+use shardes::hlo::es::ShardedES;
+use shardes::PopulationDecoder;
+
+use crate::config::{Config, ConfigError, ProblemConfig, TaskConfig};
+use crate::out::{outln, Stdout};
+use crate::{setup, taskset};
+
+/// Arguments of `shardes generate`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct GenerateArgs {
+    /// A qwen2 config (with or without a [task]).
+    pub config: PathBuf,
+    /// Parameters to decode with (e.g. OUT/params.safetensors); default: the config's
+    /// starting parameters (its checkpoint, or the preset drawn from run.seed).
+    #[arg(long)]
+    pub params: Option<PathBuf>,
+    /// One prompt of your own (rendered with the chat template when task.chat is set).
+    #[arg(long, conflicts_with = "split")]
+    pub prompt: Option<String>,
+    /// The task's prompts: `test` (held out) or `train` (generation 0's).
+    #[arg(long, value_parser = ["test", "train"])]
+    pub split: Option<String>,
+    /// How many of the split's prompts.
+    #[arg(long, default_value_t = 4)]
+    pub count: usize,
+    /// New tokens per completion (default: task.max_new_tokens, else 64).
+    #[arg(long)]
+    pub max_new_tokens: Option<usize>,
+    /// PJRT plugin (overrides the config's `plugin`).
+    #[arg(long)]
+    pub plugin: Option<String>,
+}
+
+/// Runs `shardes generate`.
+pub fn run(args: &GenerateArgs) -> Result<()> {
+    let mut config = Config::load(&args.config)?;
+    if let Some(p) = &args.plugin {
+        config.plugin = Some(p.clone());
+    }
+    if !matches!(config.problem, ProblemConfig::Qwen2 { .. }) {
+        return Err(ConfigError::new(
+            format!(
+                "shardes generate decodes a language model, not problem \"{}\"",
+                config.problem.name()
+            ),
+            "pass a config with [problem] name = \"qwen2\"",
+        )
+        .into());
+    }
+    if args.count == 0 || args.max_new_tokens == Some(0) {
+        return Err(ConfigError::new(
+            "--count 0 or --max-new-tokens 0",
+            "ask for at least one prompt and one new token",
+        )
+        .into());
+    }
+    let (mut problem, loaded) = setup::decoding_problem(&config)?;
+    if let Some(p) = &args.params {
+        problem.params = shardes::io::read_params(p, &problem.params).map_err(|e| {
+            ConfigError::new(
+                format!("--params {}: {e}", p.display()),
+                "pass a params.safetensors written by `shardes run` for this config",
+            )
+        })?;
+    }
+    let plain = TaskConfig {
+        name: "target_token".into(),
+        ..TaskConfig::default()
+    };
+    let task_cfg = config.task.clone();
+    let codec = taskset::codec(&config, task_cfg.as_ref().unwrap_or(&plain))?;
+    let batch: Option<PromptBatch> = match (&args.prompt, &task_cfg) {
+        (Some(_), _) => None,
+        (None, Some(t)) => {
+            let task = taskset::task(t, loaded.config.vocab_size)?;
+            let b = match args.split.as_deref() {
+                Some("train") => task.train(config.run.seed, 0, args.count),
+                _ => task.held_out(args.count),
+            };
+            Some(b.map_err(taskset::task_error)?)
+        }
+        (None, None) => {
+            return Err(ConfigError::new(
+                "nothing to complete: the config has no [task] and no --prompt was given",
+                "pass --prompt TEXT, or a config with a [task] for --split test|train",
+            )
+            .into())
+        }
+    };
+    let prompts: Vec<Prompt> = match (&args.prompt, &batch) {
+        (Some(text), _) => vec![Prompt::Text(text.clone())],
+        (None, Some(b)) => b.prompts.clone(),
+        (None, None) => Vec::new(),
+    };
+    let ids = prompts
+        .iter()
+        .map(|p| codec.encode(p))
+        .collect::<Result<Vec<_>, _>>()?;
+    let prompt_len = ids.iter().map(Vec::len).max().unwrap_or(1).max(1);
+    let max_new = args
+        .max_new_tokens
+        .or(task_cfg.as_ref().map(TaskConfig::max_new_tokens))
+        .unwrap_or(64);
+    let devices = config.devices;
+    // Every device decodes the same batch of the unperturbed parameters.
+    let es = ShardedES::new(Box::new(LowRank { r: 1 }), devices, 1.0, 0.0, devices)
+        .map_err(crate::config::es_error)?;
+    let mut dc = loaded.decode_config(ids.len(), prompt_len, max_new);
+    if let Some(eos) = task_cfg.as_ref().and_then(|t| t.eos.clone()) {
+        dc.eos = eos;
+    }
+    let client = setup::client(&config)?;
+    let mut decoder = PopulationDecoder::with_state(
+        &client,
+        &es,
+        loaded.decoder(&dc),
+        &problem.params,
+        problem.key,
+        0,
+        dc,
+    )
+    .context("building the decoding programs")?;
+    let out = Sampler::decode_plain(&mut decoder, &ids)?;
+    let completions = codec.completions(out)?;
+    let rewards = match &batch {
+        Some(b) => Some(b.score(&completions).map_err(taskset::task_error)?.rewards),
+        None => None,
+    };
+    let mut o = Stdout::new();
+    for (i, (p, c)) in prompts.iter().zip(&completions).enumerate() {
+        let reward = rewards
+            .as_ref()
+            .map(|r| format!(", reward {}", r[i]))
+            .unwrap_or_default();
+        outln!(o, "### prompt {i}\n{}", codec.rendered(p)?);
+        outln!(
+            o,
+            "### completion {i} ({} tokens{reward})\n{}\n",
+            c.ids.len(),
+            c.text
+        );
+    }
+    if let Some(r) = &rewards {
+        let mean = r.iter().map(|&x| f64::from(x)).sum::<f64>() / r.len().max(1) as f64;
+        outln!(o, "mean reward {mean:.4} over {} prompts", r.len());
+    }
+    o.finish()
+}
