@@ -71,6 +71,16 @@ pub enum Described {
 impl Described {
     /// The description of `config`'s problem (config errors name the key).
     pub fn of(config: &Config) -> anyhow::Result<Described> {
+        if config.task.is_some() {
+            // Its programs are the decoding and tell programs, built by `shardes run`.
+            return Err(ConfigError::new(
+                "this subcommand shows a problem's loss program, and a [task] config has none \
+                 (it decodes and scores on the host)",
+                "run it with `shardes run`, print completions with `shardes generate`, or \
+                 measure decoding with `shardes bench benches/decode_tiny.toml`",
+            )
+            .into());
+        }
         Ok(match &config.problem {
             ProblemConfig::TransformerBlock {
                 d_model,

@@ -211,7 +211,10 @@ fn the_countdown_example_runs_end_to_end() {
         .output()
         .unwrap();
     let (stdout, _) = exited(&o, 0);
-    assert!(stdout.contains("### prompt 0\nnumbers 3 5 7 target 15 answer"), "{stdout}");
+    assert!(
+        stdout.contains("### prompt 0\nnumbers 3 5 7 target 15 answer"),
+        "{stdout}"
+    );
     assert!(stdout.contains("### completion 0 ("), "{stdout}");
 }
 
