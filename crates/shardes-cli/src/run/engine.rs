@@ -10,14 +10,7 @@ use shardes::host_control::HostTrainer;
 use shardes::{BuildTimes, Trainer};
 
 use super::reward::RewardRun;
-
-/// One generation's outcome.
-pub(super) struct StepOut {
-    /// The fitness `tell` used (lower is better).
-    pub fitness: Vec<f32>,
-    /// Scalars logged beside the fitness (`extra` in `metrics.jsonl`).
-    pub extra: BTreeMap<String, f64>,
-}
+use super::step::StepOut;
 
 /// A run's stepper.
 #[allow(clippy::large_enum_variant)] // one per run: boxing the trainer buys nothing

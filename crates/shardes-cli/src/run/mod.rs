@@ -30,6 +30,7 @@ mod finite;
 mod reward;
 mod signals;
 mod start;
+mod step;
 mod summary;
 
 use std::io::IsTerminal;

@@ -16,7 +16,7 @@ use shardes::hlo::es::ShapingSpec;
 use shardes::hlo::params::ParamTree;
 use shardes::{BuildTimes, DecodeConfig, PopulationDecoder};
 
-use super::engine::StepOut;
+use super::step::StepOut;
 use crate::config::{Config, ConfigError, EvalConfig, TaskConfig};
 use crate::setup::Setup;
 use crate::taskset;
