@@ -1,0 +1,170 @@
+//! Building each problem's library description from its `[problem]` table, with the
+//! defaults for unset keys and errors naming the key.
+
+use shardes::hlo::es::ShapingSpec;
+use shardes::hlo::problems::control::{self, Control, Env, Fitness, ENV_NAMES};
+use shardes::hlo::problems::quadratic::Quadratic;
+use shardes::hlo::problems::transformer_block::TransformerBlock;
+use shardes::host_control::MjcfControl;
+
+use super::{nearest, ConfigError, ProblemConfig};
+
+/// The transformer block of a `transformer_block` `[problem]`, with the defaults for unset
+/// keys: `d_model` 64, `batch` 8, `seq` 32.
+pub fn transformer_block(
+    d_model: Option<usize>,
+    batch: Option<usize>,
+    seq: Option<usize>,
+) -> TransformerBlock {
+    TransformerBlock {
+        d_model: d_model.unwrap_or(64),
+        batch: batch.unwrap_or(8),
+        seq: seq.unwrap_or(32),
+    }
+}
+
+/// The control problem of a `control` `[problem]` for shaping `shaping`, with the defaults
+/// for unset keys (`episodes` 4, `episode_length` 200, `hidden` `[32, 32]`): the fitness is
+/// per episode for `group_relative`, the mean over episodes otherwise.
+pub fn control(problem: &ProblemConfig, shaping: ShapingSpec) -> Result<Control, ConfigError> {
+    let ProblemConfig::Control {
+        env,
+        episodes,
+        episode_length,
+        hidden,
+        mjcf,
+    } = problem
+    else {
+        return Err(ConfigError::new(
+            format!("problem \"{}\" is not control", problem.name()),
+            "set problem.name = \"control\"",
+        ));
+    };
+    if let Some(m) = mjcf {
+        return Err(ConfigError::new(
+            format!(
+                "problem.mjcf = \"{}\" is a MuJoCo model, simulated on the host, not an \
+                 in-program environment",
+                m.display()
+            ),
+            "build it with config::control_mjcf",
+        ));
+    }
+    let env = control_env(env.as_deref())?;
+    let hidden = hidden.clone().unwrap_or_else(|| vec![32, 32]);
+    let c = Control::new(
+        env,
+        episodes.unwrap_or(4),
+        episode_length.unwrap_or(200),
+        &hidden,
+    )
+    .map_err(|e| {
+        ConfigError::new(
+            format!("problem.{e}"),
+            "episodes and episode_length must be at least 1, every hidden size at least 1 \
+             (hidden = [] is a linear policy)",
+        )
+    })?;
+    Ok(c.with_fitness(if shaping == ShapingSpec::GroupRelative {
+        Fitness::PerEpisode
+    } else {
+        Fitness::Mean
+    }))
+}
+
+/// The quadratic of a `quadratic` `[problem]`, with the defaults for unset keys (`rows`
+/// 32, `cols` 16, `condition` 100).
+pub fn quadratic(problem: &ProblemConfig) -> Result<Quadratic, ConfigError> {
+    let ProblemConfig::Quadratic {
+        rows,
+        cols,
+        condition,
+    } = problem
+    else {
+        return Err(ConfigError::new(
+            format!("problem \"{}\" is not quadratic", problem.name()),
+            "set problem.name = \"quadratic\"",
+        ));
+    };
+    Quadratic::new(
+        rows.unwrap_or(32),
+        cols.unwrap_or(16),
+        condition.unwrap_or(100.0),
+    )
+    .map_err(|e| {
+        ConfigError::new(
+            format!("problem.{e}"),
+            "rows and cols between 1 and 4096, condition a finite number of at least 1",
+        )
+    })
+}
+
+/// The MJCF control problem of a `control` `[problem]` with `mjcf` set (the defaults as
+/// [`control`]'s), or `None` when it names an in-program `env`. The model file is loaded
+/// later, with the MuJoCo library ([`shardes::host_control::MjcfControl::load`]).
+pub fn control_mjcf(
+    problem: &ProblemConfig,
+    shaping: ShapingSpec,
+) -> Result<Option<MjcfControl>, ConfigError> {
+    let ProblemConfig::Control {
+        env,
+        episodes,
+        episode_length,
+        hidden,
+        mjcf: Some(mjcf),
+    } = problem
+    else {
+        return Ok(None);
+    };
+    if let Some(env) = env {
+        return Err(ConfigError::new(
+            format!(
+                "problem.env = \"{env}\" and problem.mjcf = \"{}\" are both set",
+                mjcf.display()
+            ),
+            "keep one: env names an environment inside the program, mjcf a MuJoCo model \
+             simulated on the host",
+        ));
+    }
+    let hidden = hidden.clone().unwrap_or_else(|| vec![32, 32]);
+    let c = MjcfControl::new(
+        mjcf.clone(),
+        episodes.unwrap_or(4),
+        episode_length.unwrap_or(200),
+        &hidden,
+    )
+    .map_err(|e| {
+        ConfigError::new(
+            format!("problem.{e}"),
+            "episodes and episode_length must be at least 1, every hidden size at least 1 \
+             (hidden = [] is a linear policy)",
+        )
+    })?;
+    Ok(Some(c.with_fitness(
+        if shaping == ShapingSpec::GroupRelative {
+            Fitness::PerEpisode
+        } else {
+            Fitness::Mean
+        },
+    )))
+}
+
+/// The environment `problem.env` names, or the error listing the valid ones.
+fn control_env(env: Option<&str>) -> Result<Env, ConfigError> {
+    let Some(name) = env else {
+        return Err(ConfigError::new(
+            "problem \"control\" needs problem.env (or problem.mjcf)",
+            format!(
+                "add env = \"NAME\", one of: {}; or mjcf = \"model.xml\" for a MuJoCo model",
+                ENV_NAMES.join(", ")
+            ),
+        ));
+    };
+    name.parse().map_err(|_: control::UnknownEnv| {
+        let hint = match nearest(name, &ENV_NAMES) {
+            Some(n) => format!("did you mean \"{n}\"? valid: {}", ENV_NAMES.join(", ")),
+            None => format!("valid environments: {}", ENV_NAMES.join(", ")),
+        };
+        ConfigError::new(format!("problem.env: unknown environment \"{name}\""), hint)
+    })
+}
