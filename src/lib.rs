@@ -7,6 +7,7 @@
 //! - [`runtime`] runs them through a PJRT plugin;
 //! - [`problem`] turns a problem description into a model, parameters, a batch and a key;
 //! - [`trainer`] keeps an ES run's state on the devices and steps it;
+//! - [`distributed`] runs one population across processes (MPI with the feature `mpi`);
 //! - [`io`] reads and writes parameter trees as safetensors;
 //! - [`tensorboard`] writes per-generation scalars as TensorBoard event files.
 //!
@@ -18,6 +19,7 @@ pub use shardes_hlo as hlo;
 pub use shardes_runtime as runtime;
 
 pub mod bench;
+pub mod distributed;
 pub mod dtype;
 #[cfg(feature = "models")]
 pub mod hf;
@@ -63,6 +65,9 @@ pub enum Error {
     /// A task (prompts, rewards, chat template) refused its input.
     #[error(transparent)]
     Task(#[from] tasks::TaskError),
+    /// Processes of one population disagree, or their collectives failed.
+    #[error(transparent)]
+    Distributed(#[from] distributed::DistributedError),
     /// Anything else a caller got wrong; the message says what to change.
     #[error("{0}")]
     Invalid(String),

@@ -167,6 +167,17 @@ impl DeviceState {
         Ok(layout.args(&self.params[d], &self.key[d], &self.generation[d], tail)?)
     }
 
+    /// Device `d`'s arguments for a `layout` program with `tail` after the generation (an
+    /// update program's updates, [`shardes_hlo::es::ProgramKind::Update`]).
+    pub(crate) fn args_with<'a>(
+        &'a self,
+        layout: &Layout,
+        d: usize,
+        tail: impl IntoIterator<Item = &'a Buffer>,
+    ) -> Result<Vec<&'a Buffer>, Error> {
+        Ok(layout.args(&self.params[d], &self.key[d], &self.generation[d], tail)?)
+    }
+
     /// Takes each device's results of a `layout` program (which returns the state) as the
     /// new state, advancing the host generation by `advance`, and returns each device's
     /// fitness result (none for a tell program). Nothing changes unless every device's

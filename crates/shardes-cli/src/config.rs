@@ -374,6 +374,7 @@ pub(crate) const ES_KEYS: &[&str] = &[
     "how",
     "member_chunk",
     "keep_noise_mib",
+    "how_hosts",
 ];
 pub(crate) const RUN_KEYS: &[&str] = &[
     "seed",

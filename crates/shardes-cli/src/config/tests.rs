@@ -26,7 +26,7 @@ checkpoint_every = 10
 fn every_listed_es_and_run_key_deserializes() {
     let text = QUICK.replace(
         "how = \"B\"",
-        "how = \"B\"\nmember_chunk = 8\nkeep_noise_mib = 4",
+        "how = \"B\"\nmember_chunk = 8\nkeep_noise_mib = 4\nhow_hosts = \"B\"",
     );
     let text = text.replace(
         "checkpoint_every = 10",

@@ -9,7 +9,7 @@
 //! - `how = B`: each device contracts its own members, then one all-reduce per leaf;
 //!   `how = A`: every device regenerates and contracts the whole population.
 
-use crate::builder::{DType, DotDims, Module, Sharding, TensorType, Value};
+use crate::builder::{DType, DotDims, Func, Module, Sharding, TensorType, Value};
 use crate::nn::{Act, Weight};
 use crate::prng::emit::Keys;
 
@@ -120,12 +120,46 @@ pub(super) struct Emitter<'a> {
     es: &'a ShardedES,
     layout: &'a Layout,
     chunk: usize,
+    /// The first global member id and the number of members `apply` evaluates and `tell`
+    /// contracts (one process's share of the population, [`super::processes`]; by default
+    /// all `n` from 0).
+    members: (usize, usize),
 }
 
 impl<'a> Emitter<'a> {
     /// The emitter of a `layout` program of `es`, evaluating `chunk` members per step.
     pub(super) fn new(es: &'a ShardedES, layout: &'a Layout, chunk: usize) -> Self {
-        Emitter { es, layout, chunk }
+        Emitter {
+            es,
+            layout,
+            chunk,
+            members: (0, es.n),
+        }
+    }
+
+    /// The same emitter over the `count` members from global id `offset` on.
+    pub(super) fn with_members(mut self, offset: usize, count: usize) -> Self {
+        self.members = (offset, count);
+        self
+    }
+
+    /// The member ids `[offset, offset + count)` as `u32[count]` with `sharding`. From 0,
+    /// the iota alone, so the programs of one process print as they always did.
+    fn member_ids(&self, f: &Func, sharding: &Sharding) -> Result<Value, EsError> {
+        let (offset, count) = self.members;
+        let ids = f.iota(TensorType::u32(&[count as i64]), 0)?;
+        let ids = if offset == 0 {
+            ids
+        } else {
+            let offset = u32::try_from(offset).map_err(|_| {
+                invalid(
+                    format!("member offset {offset} exceeds the program's 32-bit member ids"),
+                    "lower es.n".into(),
+                )
+            })?;
+            ids.add(&f.scalar(offset)?)?
+        };
+        Ok(ids.shard(sharding)?)
     }
 
     /// `steps` generations on the declared `args`: `(params'…, generation + steps,
@@ -469,7 +503,7 @@ impl<'a> Emitter<'a> {
 
     /// `ask`: the generation's base key `fold_in(key, generation)` (as u32[2]) and the
     /// incremented generation.
-    fn ask(&self, key: &Value, generation: &Value) -> Result<(Value, Value), EsError> {
+    pub(super) fn ask(&self, key: &Value, generation: &Value) -> Result<(Value, Value), EsError> {
         let base = Keys::from_data(key)?.fold_in(generation)?.data()?;
         let next = generation.add(&generation.func().scalar(1u32)?)?;
         Ok((base, next))
@@ -487,10 +521,7 @@ impl<'a> Emitter<'a> {
         keep: bool,
     ) -> Result<(Value, Option<Vec<Noise>>), EsError> {
         let f = base_key.func();
-        let n = self.es.n as i64;
-        let ids = f
-            .iota(TensorType::u32(&[n]), 0)?
-            .shard(&Sharding::split(1, 0)?)?;
+        let ids = self.member_ids(&f, &Sharding::split(1, 0)?)?;
         let mut inputs: Vec<&Value> = vec![&ids, base_key];
         inputs.extend(params.iter());
         inputs.extend(batch.iter());
@@ -537,8 +568,19 @@ impl<'a> Emitter<'a> {
         weights: &Value,
         kept: Option<Vec<Noise>>,
     ) -> Result<Vec<Value>, EsError> {
+        let u = self.contraction(base_key, weights, kept)?;
+        self.update(&base_key.func(), params, u)
+    }
+
+    /// `tell`'s sum `u_j = Σ_i w_i s_i ε_j(i)` over the emitter's members, replicated, from
+    /// their weights (`count` values).
+    pub(super) fn contraction(
+        &self,
+        base_key: &Value,
+        weights: &Value,
+        kept: Option<Vec<Noise>>,
+    ) -> Result<Vec<Value>, EsError> {
         let f = base_key.func();
-        let n = self.es.n as i64;
         let (member_sh, weights) = match self.es.how {
             How::B => (
                 Sharding::split(1, 0)?,
@@ -546,7 +588,7 @@ impl<'a> Emitter<'a> {
             ),
             How::A => (Sharding::replicated(1), weights.clone()),
         };
-        let ids = f.iota(TensorType::u32(&[n]), 0)?.shard(&member_sh)?;
+        let ids = self.member_ids(&f, &member_sh)?;
         let kept_values: Vec<Value> = kept.iter().flatten().flat_map(Noise::values).collect();
         if !kept_values.is_empty() && self.es.how != How::B {
             return Err(invalid(
@@ -572,7 +614,7 @@ impl<'a> Emitter<'a> {
             .map(|l| Sharding::replicated(l.shape.len()))
             .collect();
         let how = self.es.how;
-        let u = f.manual_computation(
+        f.manual_computation(
             &inputs,
             &in_sh,
             &out_sh,
@@ -585,7 +627,16 @@ impl<'a> Emitter<'a> {
                     How::A => Ok(u),
                 }
             },
-        )?;
+        )
+    }
+
+    /// The update `θ − lr/(nσ) · u` of every leaf.
+    pub(super) fn update(
+        &self,
+        f: &Func,
+        params: &[Value],
+        u: Vec<Value>,
+    ) -> Result<Vec<Value>, EsError> {
         let scale = f.scalar(self.es.update_scale())?;
         params
             .iter()
@@ -595,7 +646,7 @@ impl<'a> Emitter<'a> {
     }
 
     /// Fitness → weights on every device.
-    fn shape_fitness(&self, fitness: &Value) -> Result<Value, EsError> {
+    pub(super) fn shape_fitness(&self, fitness: &Value) -> Result<Value, EsError> {
         let rep = fitness.shard(&Sharding::replicated(fitness.rank()))?;
         Ok(self.es.shaping.weights(&rep)?)
     }

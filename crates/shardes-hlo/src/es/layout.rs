@@ -5,6 +5,13 @@
 //! | [`ProgramKind::Generation`] | `params…, key, generation, batch…` | `params'…, generation', fitness` | params, generation |
 //! | [`ProgramKind::AskApply`] | `params…, key, generation, batch…` | `fitness` | nothing |
 //! | [`ProgramKind::Tell`] | `params…, key, generation, fitness` | `params'…, generation'` | params, generation |
+//! | [`ProgramKind::Partial`] | `params…, key, generation, fitness` | `u…` | nothing |
+//! | [`ProgramKind::Update`] | `params…, key, generation, u…` | `params'…, generation'` | params, generation |
+//!
+//! The last two split `tell` at the sum over members for a population run across processes
+//! ([`super::processes`]): a partial program returns one process's share of the sum `u`
+//! per leaf (in the parameter slots), and the update program applies the sum of all shares
+//! (taken where the other kinds take the batch, each named `u.<leaf path>`).
 //!
 //! The inference program has the ask_apply layout and the no-op program the generation
 //! layout. The program entry points declare their arguments ([`Layout::declare`]) and emit
@@ -25,16 +32,27 @@ pub enum ProgramKind {
     AskApply,
     /// Split mode's second half, `tell` with a host fitness.
     Tell,
+    /// One process's share of `tell`'s sum over members, with a host fitness.
+    Partial,
+    /// `θ − lr/(nσ) · u` with a host sum `u`, and the next generation.
+    Update,
 }
 
 impl ProgramKind {
-    /// The name in messages: `generation`, `ask_apply`, `tell`.
+    /// The name in messages: `generation`, `ask_apply`, `tell`, `partial`, `update`.
     pub fn name(self) -> &'static str {
         match self {
             ProgramKind::Generation => "generation",
             ProgramKind::AskApply => "ask_apply",
             ProgramKind::Tell => "tell",
+            ProgramKind::Partial => "partial",
+            ProgramKind::Update => "update",
         }
+    }
+
+    /// Whether the program takes a host fitness after `generation`.
+    fn takes_fitness(self) -> bool {
+        matches!(self, ProgramKind::Tell | ProgramKind::Partial)
     }
 }
 
@@ -47,7 +65,8 @@ pub struct Layout {
     /// program returns parameters).
     pub leaves: Vec<LeafInfo>,
     /// Names and types of the batch arguments (after `key` and `generation`; empty for
-    /// [`ProgramKind::Tell`], which takes the fitness there instead).
+    /// [`ProgramKind::Tell`] and [`ProgramKind::Partial`], which take the fitness there
+    /// instead; for [`ProgramKind::Update`] the update of each leaf, `u.<path>`).
     pub batch: Vec<(String, TensorType)>,
     /// Population size.
     pub n: usize,
@@ -84,7 +103,9 @@ pub struct ProgramResults<T> {
 impl Layout {
     /// The layout of a `kind` program over `leaves` (in [`crate::es::leaf_infos`] order)
     /// with `batch` inputs, `n` members and `tasks` fitness columns. A tell program takes
-    /// no batch, so `batch` is dropped for [`ProgramKind::Tell`].
+    /// no batch, so `batch` is dropped for [`ProgramKind::Tell`] and
+    /// [`ProgramKind::Partial`]; an update program takes the update of each leaf in its
+    /// place.
     pub fn new(
         kind: ProgramKind,
         leaves: Vec<LeafInfo>,
@@ -92,10 +113,13 @@ impl Layout {
         n: usize,
         tasks: usize,
     ) -> Layout {
-        let batch = if kind == ProgramKind::Tell {
-            Vec::new()
-        } else {
-            batch
+        let batch = match kind {
+            ProgramKind::Tell | ProgramKind::Partial => Vec::new(),
+            ProgramKind::Update => leaves
+                .iter()
+                .map(|l| (format!("u.{}", l.path), TensorType::f32(&l.shape)))
+                .collect(),
+            _ => batch,
         };
         Layout {
             kind,
@@ -116,14 +140,16 @@ impl Layout {
         self.leaves.len() + 1
     }
 
-    /// Index of the first batch argument (none for [`ProgramKind::Tell`]).
+    /// Index of the first batch argument (none for [`ProgramKind::Tell`] and
+    /// [`ProgramKind::Partial`]; for [`ProgramKind::Update`], the first leaf's update).
     pub fn batch_arg(&self) -> Option<usize> {
-        (self.kind != ProgramKind::Tell).then_some(self.leaves.len() + 2)
+        (!self.kind.takes_fitness()).then_some(self.leaves.len() + 2)
     }
 
-    /// Index of the fitness argument ([`ProgramKind::Tell`] only).
+    /// Index of the fitness argument ([`ProgramKind::Tell`] and [`ProgramKind::Partial`]
+    /// only).
     pub fn fitness_arg(&self) -> Option<usize> {
-        (self.kind == ProgramKind::Tell).then_some(self.leaves.len() + 2)
+        self.kind.takes_fitness().then_some(self.leaves.len() + 2)
     }
 
     /// The number of arguments.
@@ -131,9 +157,11 @@ impl Layout {
         self.generation_arg() + 1 + self.tail_count()
     }
 
-    /// Index of the `generation` result (none for [`ProgramKind::AskApply`]).
+    /// Index of the `generation` result (none for [`ProgramKind::AskApply`] and
+    /// [`ProgramKind::Partial`]).
     pub fn generation_result(&self) -> Option<usize> {
-        (self.kind != ProgramKind::AskApply).then_some(self.leaves.len())
+        (!matches!(self.kind, ProgramKind::AskApply | ProgramKind::Partial))
+            .then_some(self.leaves.len())
     }
 
     /// Index of the fitness result (none for [`ProgramKind::Tell`]).
@@ -141,7 +169,7 @@ impl Layout {
         match self.kind {
             ProgramKind::Generation => Some(self.leaves.len() + 1),
             ProgramKind::AskApply => Some(0),
-            ProgramKind::Tell => None,
+            ProgramKind::Tell | ProgramKind::Partial | ProgramKind::Update => None,
         }
     }
 
@@ -157,7 +185,7 @@ impl Layout {
     /// Whether the program consumes the parameter and generation buffers it is given
     /// (donated into the results of the same role).
     pub fn donates(&self) -> bool {
-        self.kind != ProgramKind::AskApply
+        !matches!(self.kind, ProgramKind::AskApply | ProgramKind::Partial)
     }
 
     /// The fitness dimensions: `[n]`, or `[n, tasks]` for several tasks.
@@ -184,11 +212,13 @@ impl Layout {
         }
     }
 
-    /// Arguments after `generation`: the batch, or the one fitness of a tell program.
+    /// Arguments after `generation`: the batch (an update program's updates), or the one
+    /// fitness of a tell or partial program.
     fn tail_count(&self) -> usize {
-        match self.kind {
-            ProgramKind::Tell => 1,
-            _ => self.batch.len(),
+        if self.kind.takes_fitness() {
+            1
+        } else {
+            self.batch.len()
         }
     }
 
@@ -207,7 +237,8 @@ impl Layout {
         match self.kind {
             ProgramKind::Generation => format!("{l} leaves + generation + fitness"),
             ProgramKind::AskApply => "fitness".into(),
-            ProgramKind::Tell => format!("{l} leaves + generation"),
+            ProgramKind::Tell | ProgramKind::Update => format!("{l} leaves + generation"),
+            ProgramKind::Partial => format!("{l} partial updates, one per leaf"),
         }
     }
 
@@ -327,7 +358,10 @@ impl Layout {
         let got = out.len() - (self.generation_arg() + 1);
         if got != self.tail_count() {
             let (what, detail) = match self.kind {
-                ProgramKind::Tell => ("fitness arguments", format!("{}", self.fitness_type())),
+                ProgramKind::Tell | ProgramKind::Partial => {
+                    ("fitness arguments", format!("{}", self.fitness_type()))
+                }
+                ProgramKind::Update => ("update arguments", "one per leaf".into()),
                 _ => (
                     "batch arguments",
                     if self.batch.is_empty() {

@@ -10,12 +10,15 @@
 //! - [`model`]: the [`Model`] trait, [`ModelParams`] and [`check_model`];
 //! - [`layout`]: [`Layout`], the argument and result order of every program;
 //! - [`program`]: the programs ([`ShardedES::generation_program`] and the others);
+//! - [`processes`]: the programs of one process of a population run across processes
+//!   ([`Part`]);
 //! - [`error`]: the error type, [`EsError`].
 
 pub mod error;
 mod generation;
 pub mod layout;
 pub mod model;
+pub mod processes;
 pub mod program;
 pub mod settings;
 pub mod shaping;
@@ -25,6 +28,7 @@ pub mod strategy;
 pub use error::EsError;
 pub use layout::{Layout, ProgramArgs, ProgramKind, ProgramResults};
 pub use model::{check_model, leaf_infos, Access, Finding, Model, ModelParams};
+pub use processes::{check_processes, Part};
 pub use program::Program;
 pub use settings::{
     EsSpec, ShardedES, CHUNK_BYTES, DEFAULT_MEMBER_CHUNK, KEEP_NOISE_BYTES, TELL_CHUNK_BYTES,

@@ -511,6 +511,13 @@ pub struct EsSpec {
     /// [`KEEP_NOISE_BYTES`]; 0 always regenerates it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keep_noise_mib: Option<usize>,
+    /// Where the update is contracted across processes when the population runs on several
+    /// ([`super::processes`]): `A`, every process contracts the whole population (only the
+    /// fitness crosses between processes), or `B`, each its own members and the partial
+    /// sums are added across processes (default `A`, [`EsSpec::hosts_how`]). One process
+    /// ignores it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub how_hosts: Option<How>,
 }
 
 fn default_strategy() -> StrategySpec {
@@ -529,7 +536,14 @@ impl EsSpec {
             how: How::default(),
             member_chunk: None,
             keep_noise_mib: None,
+            how_hosts: None,
         }
+    }
+
+    /// The placement across processes: `es.how_hosts`, `A` when unset (`4·n` bytes cross
+    /// between processes per generation, against a parameter-sized sum for `B`).
+    pub fn hosts_how(&self) -> How {
+        self.how_hosts.unwrap_or(How::A)
     }
 
     /// The noise budget in bytes ([`ShardedES::with_keep_noise_bytes`]).
