@@ -12,7 +12,8 @@
 //! - [`Distributed::gather_fitness`]: every process's values in rank order (which is member
 //!   order), for the fitness and for rewards a reward loop computes per process;
 //! - [`Distributed::sum_in_rank_order`]: a sum across processes added in a fixed order
-//!   (process 0's values, then 1's, ...), where MPI's own reductions leave the order open;
+//!   (process 0's values, then 1's, ...; each process's own parts in order), where MPI's
+//!   own reductions leave the order open;
 //! - [`Distributed::agree`]: a hash compared across processes (the config at start, the
 //!   parameters every few generations), refusing with a message that names what differs;
 //! - [`Distributed::broadcast_bytes`] and [`Distributed::broadcast_params`]: process 0's
@@ -279,28 +280,57 @@ impl Distributed {
         self.guarded("the fitness gather", |c| c.all_gather_f32(local))
     }
 
-    /// The elementwise sum of every process's `local` (the same length everywhere), added
-    /// in rank order — `((x₀ + x₁) + x₂) + …` — so that every process gets the same bits.
+    /// The elementwise sum of every process's `local` values, added in a fixed order on
+    /// every process, so that every process gets the same bits: `local` holds `parts`
+    /// vectors of equal length (the same `parts` and length everywhere), and the sum is
+    /// `((x₀,₀ + x₀,₁) + … + x₁,₀) + …` over processes in rank order and each process's
+    /// parts in order. With one part per device, that is the order in which one process's
+    /// all-reduce adds its devices' values, so the sum has the bits of one process with
+    /// every process's devices.
     ///
-    /// Each process adds one `1/P` slice of the values from every process and the slices
-    /// are then gathered: about `2·(P−1)/P` times the data crosses each process's link, as
-    /// in a ring all-reduce, where gathering every process's whole vector would move
-    /// `(P−1)` times it.
-    pub fn sum_in_rank_order(&self, local: &[f32]) -> Result<Vec<f32>, DistributedError> {
+    /// Each process adds one `1/P` slice of the values from every process and the sums
+    /// are then gathered: each process sends about `(parts + 1)·(P−1)/P` times its vector,
+    /// where gathering every process's parts would move `parts·(P−1)` times it.
+    pub fn sum_in_rank_order(
+        &self,
+        local: &[f32],
+        parts: usize,
+    ) -> Result<Vec<f32>, DistributedError> {
+        let parts = parts.max(1);
+        if !local.len().is_multiple_of(parts) {
+            return Err(DistributedError::Collective(format!(
+                "{} values do not split into {parts} parts",
+                local.len()
+            )));
+        }
+        let len = local.len() / parts;
+        let add = |acc: &mut Vec<f32>, part: &[f32]| {
+            for (a, v) in acc.iter_mut().zip(part) {
+                *a += *v;
+            }
+        };
         let p = self.size();
         if p == 1 {
-            return Ok(local.to_vec());
+            let mut acc = local[..len].to_vec();
+            for part in local.chunks_exact(len.max(1)).skip(1) {
+                add(&mut acc, part);
+            }
+            return Ok(acc);
         }
-        let len = local.len();
+        // Block k (for process k): slice k of every part, padded to `slice` values.
         let slice = len.div_ceil(p);
-        let mut send = local.to_vec();
-        send.resize(slice * p, 0.0);
+        let mut send = vec![0f32; p * parts * slice];
+        for k in 0..p {
+            for i in 0..parts {
+                let (lo, hi) = ((k * slice).min(len), ((k + 1) * slice).min(len));
+                let at = (k * parts + i) * slice;
+                send[at..at + hi - lo].copy_from_slice(&local[i * len + lo..i * len + hi]);
+            }
+        }
         let blocks = self.guarded("the update exchange", |c| c.all_to_all_f32(&send))?;
         let mut mine = blocks[..slice].to_vec();
-        for q in 1..p {
-            for (acc, v) in mine.iter_mut().zip(&blocks[q * slice..(q + 1) * slice]) {
-                *acc += *v;
-            }
+        for part in blocks.chunks_exact(slice).skip(1) {
+            add(&mut mine, part);
         }
         let mut all = self.guarded("the update exchange", |c| c.all_gather_f32(&mine))?;
         all.truncate(len);

@@ -11,7 +11,11 @@ fn a_single_process_is_the_identity() {
     let d = Distributed::single();
     assert_eq!((d.rank(), d.size(), d.is_lead()), (0, 1, true));
     assert_eq!(d.gather_fitness(&[1.0, 2.0]).unwrap(), [1.0, 2.0]);
-    assert_eq!(d.sum_in_rank_order(&[3.0]).unwrap(), [3.0]);
+    assert_eq!(d.sum_in_rank_order(&[3.0], 1).unwrap(), [3.0]);
+    assert_eq!(
+        d.sum_in_rank_order(&[1e8, 1.0, -1e8, 2.0], 2).unwrap(),
+        [0.0, 3.0]
+    );
     assert!(d.agree("x", 7, "").is_ok());
     assert_eq!(d.broadcast_bytes(vec![1, 2]).unwrap(), [1, 2]);
     assert_eq!(d.members(10), 0..10);
@@ -30,30 +34,36 @@ fn gathers_are_in_rank_order() {
 
 #[test]
 fn sums_are_added_in_rank_order_and_the_same_bits_everywhere() {
-    // Values whose sum depends on the order: 1e8 + 1 − 1e8 is 0 in f32 in this order.
-    let local = |r: usize| -> Vec<f32> {
-        (0..7)
-            .map(|i| match r {
-                0 => 1e8 + i as f32,
-                1 => 1.0,
-                _ => -1e8,
-            })
-            .collect()
+    // Values whose sum depends on the order (1e8 + 1 − 1e8 is 0 in f32 in this order);
+    // 7 values do not split evenly over 3 processes.
+    let value = |r: usize, part: usize, i: usize| -> f32 {
+        match (r + part) % 3 {
+            0 => 1e8 + i as f32,
+            1 => 1.0 + 0.25 * part as f32,
+            _ => -1e8,
+        }
     };
-    let out = on_group(3, |d| d.sum_in_rank_order(&local(d.rank())).unwrap());
-    let want: Vec<f32> = (0..7)
-        .map(|i| {
-            let mut acc = local(0)[i];
-            acc += local(1)[i];
-            acc += local(2)[i];
-            acc
-        })
-        .collect();
-    for got in &out {
-        assert_eq!(
-            got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-            want.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
-        );
+    for parts in [1, 2] {
+        let local = |r: usize| -> Vec<f32> {
+            (0..parts)
+                .flat_map(|part| (0..7).map(move |i| value(r, part, i)))
+                .collect()
+        };
+        let out = on_group(3, |d| d.sum_in_rank_order(&local(d.rank()), parts).unwrap());
+        let want: Vec<f32> = (0..7)
+            .map(|i| {
+                let mut terms = (0..3).flat_map(|r| (0..parts).map(move |p| value(r, p, i)));
+                let first = terms.next().unwrap();
+                terms.fold(first, |acc, x| acc + x)
+            })
+            .collect();
+        for got in &out {
+            assert_eq!(
+                got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                "{parts} parts"
+            );
+        }
     }
 }
 

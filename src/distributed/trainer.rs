@@ -67,6 +67,8 @@ pub struct ProcessTrainer {
     part: Part,
     n: usize,
     tasks: usize,
+    /// Placement inside the process: under `B` each device's partial sum is its own.
+    how: How,
     ask_apply: Executable,
     tell: Tell,
     state: DeviceState,
@@ -153,6 +155,7 @@ impl ProcessTrainer {
             part,
             n: es.n(),
             tasks: model.tasks(),
+            how: es.how(),
             ask_apply,
             tell,
             state,
@@ -289,23 +292,24 @@ impl ProcessTrainer {
                 let args: Vec<Vec<&Buffer>> = (0..devices)
                     .map(|d| self.state.args_for(partial_layout, d, Some(&fit[d])))
                     .collect::<Result<_, _>>()?;
-                let first = partial_layout
-                    .split_results(partial.execute(&args)?.swap_remove(0))?
-                    .params;
+                // Each device's own sums (under how = A every device holds the same).
+                let parts = if self.how == How::B { devices } else { 1 };
                 let mut u = Vec::new();
-                for b in &first {
-                    u.extend(b.to_host::<f32>()?);
+                for out in partial.execute(&args)?.into_iter().take(parts) {
+                    for b in partial_layout.split_results(out)?.params {
+                        u.extend(b.to_host::<f32>()?);
+                    }
                 }
                 // Not held across the collective: the other processes need the devices to
                 // reach it.
                 drop(devices_held);
                 let t1 = Instant::now();
-                let sum = dist.sum_in_rank_order(&u)?;
+                let sum = dist.sum_in_rank_order(&u, parts)?;
                 exchange_ms = t1.elapsed().as_secs_f64() * 1e3;
                 let p = self.part.processes;
-                exchange_bytes = 2 * 4 * u.len().div_ceil(p) * (p - 1);
+                exchange_bytes = 4 * (parts + 1) * (u.len() / parts).div_ceil(p) * (p - 1);
                 let _devices = exclusive(&self.devices_lock);
-                let mut u_dev: Vec<Vec<Buffer>> = Vec::with_capacity(first.len());
+                let mut u_dev: Vec<Vec<Buffer>> = Vec::with_capacity(update_layout.leaves.len());
                 let mut at = 0;
                 for leaf in &update_layout.leaves {
                     let dims: Vec<usize> = leaf.shape.iter().map(|&d| d as usize).collect();

@@ -23,9 +23,13 @@
 //!
 //! The trainer folds the generation into the key on the device, so a run resumed from a
 //! checkpoint at generation g computes exactly what an uninterrupted run computes from g on.
+//!
+//! Under `mpirun` (feature `mpi`) every process runs this command; process 0 does all of
+//! the above and the others follow it ([`processes`]).
 
 mod curves;
 mod finite;
+mod processes;
 mod signals;
 mod start;
 mod summary;
@@ -38,13 +42,12 @@ use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use shardes::hlo::prng::Key;
 use shardes::rundir::{read_metrics, Metric, Mode, RunDir};
-use shardes::Trainer;
 
 use crate::config::{Config, ConfigError, ProblemConfig};
 use crate::out::{errln, is_closed, outln, Stdout};
-use crate::setup;
 
 use curves::Curves;
+use processes::{Engine, Group};
 pub use signals::Signal;
 use start::{refusal, rundir_error};
 use summary::{fmt_duration, stats, Summary};
@@ -95,8 +98,10 @@ struct Progress {
 }
 
 impl Progress {
-    fn new(out: Stdout, total: u32, start: u32) -> Result<Progress> {
-        let bar = if std::io::stdout().is_terminal() && out.ok() {
+    /// `bar`: whether a terminal may get a bar (not under `mpirun`, whose forwarded
+    /// terminal output from several processes is better read as lines).
+    fn new(out: Stdout, total: u32, start: u32, bar: bool) -> Result<Progress> {
+        let bar = if bar && std::io::stdout().is_terminal() && out.ok() {
             // indicatif ignores its own write errors, so a terminal that goes away cannot
             // panic it.
             let pb =
@@ -184,7 +189,7 @@ impl Progress {
 /// checkpoint, a failure naming the cause).
 fn checkpoint(
     rundir: &mut RunDir,
-    trainer: &Trainer,
+    trainer: &Engine,
     key: Key,
     config: &Config,
     inputs: &serde_json::Value,
@@ -208,11 +213,14 @@ fn checkpoint(
 /// Runs `shardes run`.
 pub fn run(args: &RunArgs) -> Result<Outcome> {
     let t_command = Instant::now();
+    let mut group = Group::from_env()?;
     let mut config = Config::load(&args.config)?;
     if let Some(p) = &args.plugin {
         config.plugin = Some(p.clone());
     }
-    let hash = config.trajectory_hash();
+    group.agree_config(&config)?;
+    group.check_split(&config)?;
+    let hash = group.trajectory_hash(&config);
     let dir = config.run.out.clone();
     // Everything the config alone can refuse is refused before the directory is looked at.
     let total = u32::try_from(config.run.generations).map_err(|_| {
@@ -224,6 +232,14 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
     let spec = &config.es.strategy;
     let resolved = toml::to_string_pretty(&config).context("serializing the resolved config")?;
     let stop = signals::install()?;
+    if !group.is_lead() {
+        return Ok(
+            match processes::follow(&mut group, &config, &stop, total)? {
+                Some(sig) => Outcome::Interrupted(sig),
+                None => Outcome::Finished,
+            },
+        );
+    }
 
     let mode = if args.resume {
         Mode::Resume
@@ -237,7 +253,7 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
         None
     };
 
-    let mut s = setup::build(&config)?;
+    let mut s = group.setup(&config)?;
     // The contents of the problem's files, which the hash covers only by path (read once
     // the problem has loaded them, so a missing file is reported by its loader).
     let inputs = serde_json::json!({ "inputs": config.input_digests()? });
@@ -257,6 +273,8 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
         None => 0,
     };
     finite::check_start(&s.problem.params, &s.problem.batch, args.resume)?;
+    let (start, params) = group.share_start(start, s.problem.params.clone())?;
+    s.problem.params = params;
 
     let mut out = Stdout::new();
     outln!(
@@ -277,19 +295,21 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
         s.client.plugin().path().display(),
         dir.display(),
     );
+    if let Some(line) = group.describe(&config) {
+        outln!(out, "{line}");
+    }
     if start >= total {
         outln!(
             out,
             "the checkpoint is at generation {start}; run.generations = {total}: nothing to do \
              (raise run.generations to continue)"
         );
+        group.finish();
         return Ok(Outcome::Finished);
     }
-    let p = &s.problem;
-    let mut trainer = Trainer::with_state(
-        &s.client, &s.es, &*p.model, &p.params, p.key, &p.batch, start,
-    )
-    .context("building the generation program")?;
+    let mut trainer = group
+        .engine(&s, &s.problem.params, start)
+        .context("building the generation program")?;
     let bt = trainer.build_times();
     outln!(
         out,
@@ -302,12 +322,13 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
             String::new()
         }
     );
-    if let Some(sig) = stop.received() {
+    if let Some(sig) = group.stop(&stop)? {
         errln!(
             "{}: stopped before the first generation; {} is unchanged",
             sig.name(),
             dir.display()
         );
+        group.finish();
         return Ok(Outcome::Interrupted(sig));
     }
 
@@ -347,19 +368,19 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
     }
 
     let mut curves = Curves::new(&dir, config.run.tensorboard);
-    let mut progress = Progress::new(out, total, start)?;
+    let mut progress = Progress::new(out, total, start, group.size() == 1)?;
     let every = config.run.checkpoint_every;
     let key = s.problem.key;
     let t_run = Instant::now();
     let mut outcome = Outcome::Finished;
     for g in start..total {
-        if let Some(sig) = stop.received() {
+        if let Some(sig) = group.stop(&stop)? {
             outcome = Outcome::Interrupted(sig);
             break;
         }
         let t0 = Instant::now();
         let fitness = trainer
-            .step()
+            .step(&group)
             .with_context(|| format!("running generation {g}"))?;
         let ms = t0.elapsed().as_secs_f64() * 1e3;
         let (mean, lo, hi) = stats(&fitness);
@@ -383,6 +404,12 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
             let last = rundir.committed().map(|s| s.generation);
             return Err(finite::diverged_fitness((&config.es).into(), g, &bad, last, &dir).into());
         }
+        if done < total {
+            if let Err(e) = group.check(&trainer, done, every, false) {
+                progress.finish();
+                return Err(e);
+            }
+        }
         if every > 0 && (done as usize).is_multiple_of(every) && done < total {
             if let Err(e) = checkpoint(&mut rundir, &trainer, key, &config, &inputs) {
                 progress.finish();
@@ -391,10 +418,13 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
             curves.checkpoint();
         }
     }
-    if let Some(sig) = stop.received() {
-        outcome = Outcome::Interrupted(sig);
+    if outcome == Outcome::Finished {
+        if let Some(sig) = group.stop(&stop)? {
+            outcome = Outcome::Interrupted(sig);
+        }
     }
     let g = trainer.generation();
+    group.check(&trainer, g, every, true)?;
     let result = if rundir.committed().map(|s| s.generation) == Some(g) {
         Ok(())
     } else {
@@ -432,6 +462,7 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
         outln!(out, "{line}");
     }
     progress.tell(g);
+    group.finish();
     Ok(outcome)
 }
 

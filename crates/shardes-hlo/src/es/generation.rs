@@ -630,6 +630,70 @@ impl<'a> Emitter<'a> {
         )
     }
 
+    /// The sum of [`Emitter::contraction`] before any sum across devices: per leaf
+    /// `[D · blocks, ..leaf shape]`, split over "pop", row `d · blocks + b` the sum over
+    /// block `b` of device `d`'s members (each device's members cut in `blocks` equal
+    /// blocks, in order, each summed from zero in the chunks `tell` uses for that many
+    /// members). With the blocks of one process's devices standing for the devices of a
+    /// larger run, adding the rows in order gives the bits of that run's all-reduce, which
+    /// adds every device's sum in device order. Under `how = A` every device contracts
+    /// every member, so all devices' rows are the same.
+    pub(super) fn partials(
+        &self,
+        base_key: &Value,
+        weights: &Value,
+        blocks: usize,
+    ) -> Result<Vec<Value>, EsError> {
+        let f = base_key.func();
+        let (member_sh, weights) = match self.es.how {
+            How::B => (
+                Sharding::split(1, 0)?,
+                weights.shard(&Sharding::split(1, 0)?)?,
+            ),
+            How::A => (Sharding::replicated(1), weights.clone()),
+        };
+        let ids = self.member_ids(&f, &member_sh)?;
+        let inputs: Vec<&Value> = vec![&ids, &weights, base_key];
+        let in_sh = vec![member_sh.clone(), member_sh, Sharding::replicated(1)];
+        let leaves = &self.layout.leaves;
+        let out_sh = leaves
+            .iter()
+            .map(|l| Sharding::split(l.shape.len() + 1, 0))
+            .collect::<Result<Vec<_>, _>>()?;
+        let blocks = blocks.max(1) as i64;
+        f.manual_computation(
+            &inputs,
+            &in_sh,
+            &out_sh,
+            |loc| -> Result<Vec<Value>, EsError> {
+                let (ids, w, key) = (&loc[0], &loc[1], &loc[2]);
+                let per = ids.shape()[0] / blocks;
+                let mut rows: Vec<Vec<Value>> = vec![Vec::new(); leaves.len()];
+                for b in 0..blocks {
+                    let (lo, hi) = (b * per, (b + 1) * per);
+                    let u = self.contract_local(
+                        &ids.slice_in_dim(lo, hi, 0)?,
+                        &w.slice_in_dim(lo, hi, 0)?,
+                        key,
+                        leaves,
+                        None,
+                    )?;
+                    for ((row, v), l) in rows.iter_mut().zip(u).zip(leaves) {
+                        let mut shape = vec![1];
+                        shape.extend_from_slice(&l.shape);
+                        row.push(v.reshape(&shape)?);
+                    }
+                }
+                rows.iter()
+                    .map(|r| {
+                        let r: Vec<&Value> = r.iter().collect();
+                        Ok(loc[0].func().concatenate(&r, 0)?)
+                    })
+                    .collect()
+            },
+        )
+    }
+
     /// The update `θ − lr/(nσ) · u` of every leaf.
     pub(super) fn update(
         &self,

@@ -5,12 +5,13 @@
 //! | [`ProgramKind::Generation`] | `params…, key, generation, batch…` | `params'…, generation', fitness` | params, generation |
 //! | [`ProgramKind::AskApply`] | `params…, key, generation, batch…` | `fitness` | nothing |
 //! | [`ProgramKind::Tell`] | `params…, key, generation, fitness` | `params'…, generation'` | params, generation |
-//! | [`ProgramKind::Partial`] | `params…, key, generation, fitness` | `u…` | nothing |
+//! | [`ProgramKind::Partial`] | `params…, key, generation, fitness` | `u…` (one row per device) | nothing |
 //! | [`ProgramKind::Update`] | `params…, key, generation, u…` | `params'…, generation'` | params, generation |
 //!
 //! The last two split `tell` at the sum over members for a population run across processes
 //! ([`super::processes`]): a partial program returns one process's share of the sum `u`
-//! per leaf (in the parameter slots), and the update program applies the sum of all shares
+//! per leaf (in the parameter slots, `[D, ..leaf]` split over `"pop"`: each device's own
+//! sum, unreduced), and the update program applies the sum of all shares
 //! (taken where the other kinds take the batch, each named `u.<leaf path>`).
 //!
 //! The inference program has the ask_apply layout and the no-op program the generation
@@ -285,13 +286,20 @@ impl Layout {
         })
     }
 
-    /// Emits `results` as the results of `f`, in order: parameters and generation
-    /// replicated, the fitness split over `"pop"` by member. Refuses a part the kind does
+    /// Emits `results` as the results of `f`, in order: parameters (a partial program's
+    /// rows split over `"pop"` by device) and generation replicated, the fitness split over
+    /// `"pop"` by member. Refuses a part the kind does
     /// not return, or one it lacks.
     pub fn emit(&self, f: &Func, results: ProgramResults<Value>) -> Result<(), EsError> {
         self.check_results(&results)?;
         for (p, l) in results.params.iter().zip(&self.leaves) {
-            f.output_sharded(p, &Sharding::replicated(l.shape.len()))?;
+            // A partial program's results are one row per device (`[D, ..leaf]`).
+            let sh = if self.kind == ProgramKind::Partial {
+                Sharding::split(l.shape.len() + 1, 0)?
+            } else {
+                Sharding::replicated(l.shape.len())
+            };
+            f.output_sharded(p, &sh)?;
         }
         if let Some(g) = &results.generation {
             f.output_sharded(g, &Sharding::replicated(0))?;

@@ -22,12 +22,15 @@
 
 use std::ops::Range;
 
+use crate::builder::{Sharding, Value};
+
 use super::error::{invalid, EsError};
 use super::generation::Emitter;
-use super::layout::{check_leaves, Layout, ProgramKind, ProgramResults};
+use super::layout::{check_leaves, Layout, ProgramArgs, ProgramKind, ProgramResults};
 use super::model::Model;
 use super::program::{build_on, Program};
 use super::settings::ShardedES;
+use super::spec::How;
 use super::strategy::LeafInfo;
 
 /// One process of a run across `processes` processes: its rank in `0..processes`.
@@ -149,8 +152,13 @@ impl ShardedES {
     }
 
     /// The whole population's `tell` on process `part`'s devices, with the fitness of every
-    /// member (`how_hosts = A`): [`ShardedES::tell_program`]'s layout and arithmetic, so
-    /// every process computes the same parameters from the same fitness.
+    /// member (`how_hosts = A`): [`ShardedES::tell_program`]'s layout, and the arithmetic of
+    /// one process with every process's devices, so every process computes the same
+    /// parameters from the same fitness, and the bits of one process with `P × D` devices.
+    /// Under `how = B` each of this process's `D` devices contracts the members of `P` of
+    /// those devices, one sum each, and the `P × D` sums are added in device order, as the
+    /// all-reduce of one process adds them (every device holds all `P × D` sums of a leaf
+    /// for that, where one process would hold one).
     pub fn part_tell_program(
         &self,
         model: &dyn Model,
@@ -168,15 +176,38 @@ impl ShardedES {
             self.n,
             model.tasks(),
         );
-        build_on("tell", devices, layout, |_, layout, args| {
-            Emitter::new(self, layout, chunk).tell_host(args)
+        if part.processes == 1 || self.how == How::A {
+            // Every device contracts every member: one process's program, the same bits.
+            return build_on("tell", devices, layout, |_, layout, args| {
+                Emitter::new(self, layout, chunk).tell_host(args)
+            });
+        }
+        build_on("tell", devices, layout, |f, layout, args| {
+            let fitness = fitness_arg(args, "tell")?;
+            let emitter = Emitter::new(self, layout, chunk);
+            let (base_key, next) = emitter.ask(&args.key, &args.generation)?;
+            let weights = emitter.shape_fitness(fitness)?;
+            let rows = emitter.partials(&base_key, &weights, part.processes)?;
+            let u = rows
+                .iter()
+                .map(sum_rows_in_order)
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(ProgramResults {
+                params: emitter.update(f, &args.params, u)?,
+                generation: Some(next),
+                fitness: None,
+            })
         })
     }
 
     /// Process `part`'s share of `tell`'s sum (`how_hosts = B`): `(params…, key,
     /// generation, fitness) → u…` with the fitness of every member (shaped here, as every
-    /// process shapes it), contracting only this process's members. Nothing is donated; the
-    /// sum of every process's `u` goes to [`ShardedES::update_program`].
+    /// process shapes it), contracting only this process's members. Each `u` is
+    /// `[D, ..leaf]`, one row per device: under `how = B` each device's sum of its own
+    /// members, unreduced, so that the host can add every process's rows in device order
+    /// (the bits of one process's all-reduce); under `how = A` every row is the sum over
+    /// all of this process's members. Nothing is donated; the sum goes to
+    /// [`ShardedES::update_program`].
     pub fn partial_program(
         &self,
         model: &dyn Model,
@@ -196,12 +227,7 @@ impl ShardedES {
             model.tasks(),
         );
         build_on("partial", devices, layout, |_, layout, args| {
-            let fitness = args.fitness.as_ref().ok_or_else(|| {
-                invalid(
-                    "the partial program was declared without a fitness argument".into(),
-                    "declare it with a ProgramKind::Partial layout".into(),
-                )
-            })?;
+            let fitness = fitness_arg(args, "partial")?;
             let emitter =
                 Emitter::new(self, layout, chunk).with_members(members.start, members.len());
             let (base_key, _) = emitter.ask(&args.key, &args.generation)?;
@@ -211,7 +237,7 @@ impl ShardedES {
                 0,
             )?;
             Ok(ProgramResults {
-                params: emitter.contraction(&base_key, &weights, None)?,
+                params: emitter.partials(&base_key, &weights, 1)?,
                 generation: None,
                 fitness: None,
             })
@@ -236,6 +262,31 @@ impl ShardedES {
             })
         })
     }
+}
+
+/// The fitness argument of a program declared with a fitness (`name` in the message).
+fn fitness_arg<'v>(args: &'v ProgramArgs<Value>, name: &str) -> Result<&'v Value, EsError> {
+    args.fitness.as_ref().ok_or_else(|| {
+        invalid(
+            format!("the {name} program was declared without a fitness argument"),
+            "declare it with a layout that takes the fitness".into(),
+        )
+    })
+}
+
+/// `rows [R, ..shape]` (split over "pop") summed over its rows in order,
+/// `((r₀ + r₁) + r₂) + …`, replicated: every row on every device, then one add at a time,
+/// which is how XLA's CPU all-reduce adds the devices' values (measured bit for bit).
+fn sum_rows_in_order(rows: &Value) -> Result<Value, EsError> {
+    let all = rows.shard(&Sharding::replicated(rows.rank()))?;
+    let shape = all.shape()[1..].to_vec();
+    let row =
+        |r: i64| -> Result<Value, EsError> { Ok(all.slice_in_dim(r, r + 1, 0)?.reshape(&shape)?) };
+    let mut acc = row(0)?;
+    for r in 1..all.shape()[0] {
+        acc = acc.add(&row(r)?)?;
+    }
+    Ok(acc)
 }
 
 #[cfg(test)]
