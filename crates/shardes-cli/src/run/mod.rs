@@ -29,7 +29,7 @@
 
 mod curves;
 mod finite;
-mod processes;
+pub(crate) mod processes;
 mod signals;
 mod start;
 mod summary;

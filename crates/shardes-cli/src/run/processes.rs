@@ -96,7 +96,8 @@ impl Group {
         self.rank == 0
     }
 
-    fn dist(&self) -> Result<&Distributed> {
+    /// The group's collectives (refused once the group has ended).
+    pub fn dist(&self) -> Result<&Distributed> {
         self.dist
             .as_ref()
             .context("the processes already ended their group")
