@@ -223,7 +223,7 @@ impl Group {
                 &s.client, &s.es, &*p.model, params, p.key, &p.batch, start,
             )?));
         }
-        Ok(Engine::Many(ProcessTrainer::new(
+        Ok(Engine::Many(Box::new(ProcessTrainer::new(
             &s.client,
             &s.es,
             &*p.model,
@@ -233,7 +233,7 @@ impl Group {
             start,
             self.dist()?,
             s.config.es.hosts_how(),
-        )?))
+        )?)))
     }
 
     /// The stop signal of any process (the first in rank order), the same on every
@@ -285,8 +285,8 @@ impl Group {
 pub enum Engine {
     /// One process.
     One(Trainer),
-    /// One of several processes.
-    Many(ProcessTrainer),
+    /// One of several processes (boxed: the larger of the two).
+    Many(Box<ProcessTrainer>),
 }
 
 impl Engine {
