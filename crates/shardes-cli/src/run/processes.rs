@@ -219,9 +219,9 @@ impl Group {
     pub fn engine(&self, s: &Setup, params: &ParamTree, start: u32) -> Result<Engine> {
         let p = &s.problem;
         if self.size == 1 {
-            return Ok(Engine::One(Trainer::with_state(
+            return Ok(Engine::One(Box::new(Trainer::with_state(
                 &s.client, &s.es, &*p.model, params, p.key, &p.batch, start,
-            )?));
+            )?)));
         }
         Ok(Engine::Many(Box::new(ProcessTrainer::new(
             &s.client,
@@ -283,9 +283,9 @@ impl Group {
 /// What runs the generations: the fused trainer, or one process's part of a run across
 /// processes.
 pub enum Engine {
-    /// One process.
-    One(Trainer),
-    /// One of several processes (boxed: the larger of the two).
+    /// One process (both boxed: they differ in size).
+    One(Box<Trainer>),
+    /// One of several processes.
     Many(Box<ProcessTrainer>),
 }
 
