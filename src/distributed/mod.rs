@@ -217,6 +217,13 @@ impl Distributed {
     /// only it saw) drops the group without this, so that it exits at once and the
     /// launcher stops the others, where finalizing would wait for them.
     pub fn finish(mut self) {
+        // Finalizing waits for every process; watched like a collective, so a peer that
+        // never gets there cannot keep this one alive past the timeout.
+        if self.watched {
+            if let Ok(mut g) = self.in_flight.lock() {
+                *g = Some(("finalizing MPI".to_string(), Instant::now()));
+            }
+        }
         self.comm.finish();
     }
 

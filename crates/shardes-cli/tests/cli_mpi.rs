@@ -341,6 +341,28 @@ fn wait_at_most(child: &mut Child, limit: Duration) -> std::process::ExitStatus 
     }
 }
 
+/// Waits up to 60 s for process `pid` to be gone (or a zombie nobody reaps).
+fn gone(pid: i32) {
+    let t0 = Instant::now();
+    loop {
+        let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok();
+        let alive = state.is_some_and(|s| {
+            s.rsplit(')')
+                .next()
+                .and_then(|r| r.split_whitespace().next())
+                != Some("Z")
+        });
+        if !alive {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "process {pid} still runs"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// The config of `out`'s run on one process with all 8 devices, for `generations`.
 fn one_process_resume(dir: &Path, out: &Path, generations: usize) -> std::path::PathBuf {
     write(
@@ -363,10 +385,12 @@ fn a_killed_process_stops_the_others_and_the_last_checkpoint_is_intact() {
             .is_some_and(|g| g >= 4)
     });
     let victim = rank_pid(child.id(), 1).expect("rank 1's pid");
+    let lead = rank_pid(child.id(), 0).expect("rank 0's pid");
     // SAFETY: a plain kill(2) of a process this test started (through mpirun).
     assert_eq!(unsafe { libc::kill(victim, libc::SIGKILL) }, 0);
     let status = wait_at_most(&mut child, Duration::from_secs(120));
     assert!(!status.success(), "mpirun exited {status}");
+    gone(lead);
     // The checkpoint on disk verifies (its sha256, its pair) and continues.
     let g = state(&out)["generation"].as_u64().expect("generation") as usize;
     let cfg = one_process_resume(dir.path(), &out, g + 1);
@@ -381,6 +405,7 @@ fn sigint_to_mpirun_checkpoints_once() {
     let out = dir.path().join("out");
     let mut child = long_run(dir.path(), &out);
     wait_for_metrics(&out, 5, &mut child);
+    let ranks = [0, 1].map(|r| rank_pid(child.id(), r).expect("the processes' pids"));
     let pid = i32::try_from(child.id()).expect("pid");
     // SAFETY: a plain kill(2) of the mpirun this test started.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
@@ -388,6 +413,7 @@ fn sigint_to_mpirun_checkpoints_once() {
     let o = child.wait_with_output().expect("output");
     let (stdout, stderr) = text(&o);
     assert!(!status.success(), "mpirun exited {status}");
+    ranks.into_iter().for_each(gone);
     // mpirun turns SIGINT into SIGTERM for its processes: one stop, one checkpoint.
     assert_eq!(
         stdout

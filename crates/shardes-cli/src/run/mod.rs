@@ -328,7 +328,6 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
             sig.name(),
             dir.display()
         );
-        group.finish();
         return Ok(Outcome::Interrupted(sig));
     }
 
@@ -462,7 +461,7 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
         outln!(out, "{line}");
     }
     progress.tell(g);
-    group.finish();
+    group.end(outcome == Outcome::Finished);
     Ok(outcome)
 }
 

@@ -16,8 +16,8 @@
 //! 5. every [`PARAM_CHECK_EVERY`] generations, before every checkpoint and at the end: a
 //!    hash of the parameters, compared (a failure naming the generation if they differ).
 //!
-//! A process that fails on its own (the lead refusing the out directory, a process killed)
-//! exits without finalizing MPI; `mpirun` then stops the others and exits non-zero. A
+//! A process that fails on its own (the lead refusing the out directory, a process killed),
+//! and every process after a stop signal, exits without finalizing MPI; `mpirun` then stops the others and exits non-zero. A
 //! collective that waits longer than `SHARDES_MPI_TIMEOUT` seconds (default 600) ends its
 //! process too, for launchers that would leave the others waiting.
 //!
@@ -107,6 +107,16 @@ impl Group {
     pub fn finish(&mut self) {
         if let Some(d) = self.dist.take() {
             d.finish();
+        }
+    }
+
+    /// Ends the group at the end of a run: together ([`Group::finish`]) after the last
+    /// generation, but not after a stop signal: the launcher is taking the job down then
+    /// (`mpirun` sends SIGTERM, then SIGKILL), and finalizing MPI while it does can wait
+    /// forever, holding the out directory's lock. Each process then just exits.
+    pub fn end(&mut self, finished: bool) {
+        if finished {
+            self.finish();
         }
     }
 
@@ -341,7 +351,6 @@ pub fn follow(
     }
     let mut engine = group.engine(&s, &params, start)?;
     if let Some(sig) = group.stop(stop)? {
-        group.finish();
         return Ok(Some(sig));
     }
     let every = config.run.checkpoint_every;
@@ -373,6 +382,6 @@ pub fn follow(
         outcome = group.stop(stop)?;
     }
     group.check(&engine, engine.generation(), every, true)?;
-    group.finish();
+    group.end(outcome.is_none());
     Ok(outcome)
 }
