@@ -344,6 +344,12 @@ impl Distributed {
         Ok(all)
     }
 
+    /// Waits until every process has called it (a one-byte gather).
+    pub fn barrier(&self) -> Result<(), DistributedError> {
+        self.guarded("a barrier", |c| c.all_gather_bytes(&[0]))?;
+        Ok(())
+    }
+
     /// Every process's `value`, in rank order.
     pub fn gather_u64(&self, value: u64) -> Result<Vec<u64>, DistributedError> {
         let bytes = self.guarded("a consistency check", |c| {

@@ -30,6 +30,11 @@ pub struct Phases {
     /// The rest: `tell` (or the partial sum and the update) on the devices, with their host
     /// transfers, until the new parameters are ready, ms.
     pub rest_ms: f64,
+    /// Waiting for the other processes before the collectives, ms: measured only with
+    /// [`ProcessTrainer::with_barriers`] (a barrier before each collective), so that the
+    /// gather and the exchange are their transfers alone; 0 otherwise, when they include
+    /// the wait for the slowest process.
+    pub wait_ms: f64,
     /// Bytes this process sent for the fitness gather (its own values to each other
     /// process).
     pub gather_bytes: usize,
@@ -76,6 +81,8 @@ pub struct ProcessTrainer {
     phases: Phases,
     /// Held while the devices run ([`Distributed::device_lock`]; threads of one process).
     devices_lock: Option<Arc<Mutex<()>>>,
+    /// A barrier before each collective, timed apart ([`ProcessTrainer::with_barriers`]).
+    barriers: bool,
 }
 
 impl ProcessTrainer {
@@ -165,7 +172,26 @@ impl ProcessTrainer {
             },
             phases: Phases::default(),
             devices_lock: dist.device_lock(),
+            barriers: false,
         })
+    }
+
+    /// With `on`, every collective of a generation is preceded by a barrier whose time
+    /// goes to [`Phases::wait_ms`], so that the gather and the exchange measure their
+    /// transfers alone (for benchmarks; one more collective each).
+    pub fn with_barriers(mut self, on: bool) -> ProcessTrainer {
+        self.barriers = on;
+        self
+    }
+
+    /// A barrier, when timing them: its milliseconds.
+    fn wait(&self, dist: &Distributed) -> Result<f64, Error> {
+        if !self.barriers {
+            return Ok(0.0);
+        }
+        let t0 = Instant::now();
+        dist.barrier()?;
+        Ok(t0.elapsed().as_secs_f64() * 1e3)
     }
 
     /// Refuses a group other than the one this trainer was built for.
@@ -231,9 +257,11 @@ impl ProcessTrainer {
                 self.tasks
             )));
         }
+        let waited = self.wait(dist)?;
         let t0 = Instant::now();
         let all = dist.gather_fitness(local)?;
         self.phases.gather_ms = t0.elapsed().as_secs_f64() * 1e3;
+        self.phases.wait_ms = waited;
         self.phases.gather_bytes = 4 * local.len() * (self.part.processes - 1);
         self.tell_all(dist, &all)?;
         Ok(all)
@@ -245,6 +273,7 @@ impl ProcessTrainer {
     pub fn tell(&mut self, dist: &Distributed, fitness: &HostFitness) -> Result<(), Error> {
         self.check_group(dist)?;
         let values = fitness.to_f32()?;
+        self.phases = Phases::default();
         self.tell_all(dist, &values)
     }
 
@@ -262,6 +291,7 @@ impl ProcessTrainer {
         let t0 = Instant::now();
         let devices = self.state.devices();
         let mut exchange_ms = 0.0;
+        let mut exchange_wait = 0.0;
         let mut exchange_bytes = 0;
         match &self.tell {
             Tell::Whole { exe, layout } => {
@@ -303,6 +333,7 @@ impl ProcessTrainer {
                 // Not held across the collective: the other processes need the devices to
                 // reach it.
                 drop(devices_held);
+                exchange_wait = self.wait(dist)?;
                 let t1 = Instant::now();
                 let sum = dist.sum_in_rank_order(&u, parts)?;
                 exchange_ms = t1.elapsed().as_secs_f64() * 1e3;
@@ -331,8 +362,9 @@ impl ProcessTrainer {
                 self.state.sync()?;
             }
         }
-        self.phases.rest_ms = t0.elapsed().as_secs_f64() * 1e3 - exchange_ms;
+        self.phases.rest_ms = t0.elapsed().as_secs_f64() * 1e3 - exchange_ms - exchange_wait;
         self.phases.exchange_ms = exchange_ms;
+        self.phases.wait_ms += exchange_wait;
         self.phases.exchange_bytes = exchange_bytes;
         Ok(())
     }

@@ -1,10 +1,11 @@
 //! `shardes bench` under `mpirun` (or with `--phases` on one process): a generation of a run
 //! across processes, split into its phases on every process — local evaluation (`ask +
-//! apply` of the process's own members), the fitness gather, the update exchange (the
+//! apply` of the process's own members), the wait for the slowest process (a barrier
+//! before each collective, timed apart), the fitness gather, the update exchange (the
 //! partial sums across processes, `how_hosts = B`) and the rest (`tell` or the partial sum
 //! and the update on the devices, with their host transfers) — and the bytes each process
-//! sends per generation. Process 0 prints the table; the slowest process's generation is
-//! shown beside it.
+//! sends per generation. Process 0 prints the table; the slowest process's median
+//! generation is shown beside it.
 
 use anyhow::{Context, Result};
 use serde::Serialize;
@@ -22,6 +23,11 @@ pub struct PhaseReport {
     pub how_hosts: String,
     /// The generation on this process (process 0), ms.
     pub generation_ms: Stats,
+    /// The mean generation (the timed rounds' wall time over their count), ms: the same on
+    /// every process, which run in lockstep.
+    pub mean_generation_ms: f64,
+    /// Waiting for the slowest process before the collectives, ms.
+    pub wait_ms: Stats,
     /// The slowest process's median generation, ms.
     pub slowest_generation_ms: f64,
     /// Local evaluation, ms.
@@ -83,7 +89,8 @@ pub fn run(args: &BenchArgs, config: &Config, mut group: Group) -> Result<()> {
             group.dist()?,
             h,
         )
-        .with_context(|| format!("building the programs for how_hosts {h}"))?;
+        .with_context(|| format!("building the programs for how_hosts {h}"))?
+        .with_barriers(true);
         trainers.push(t);
     }
     let mut samples: Vec<Vec<(f64, Phases)>> = vec![Vec::new(); trainers.len()];
@@ -102,6 +109,7 @@ pub fn run(args: &BenchArgs, config: &Config, mut group: Group) -> Result<()> {
         let stats =
             |f: &dyn Fn(&(f64, Phases)) -> f64| Stats::of(&s.iter().map(f).collect::<Vec<f64>>());
         let generation_ms = stats(&|x| x.0);
+        let mean_generation_ms = s.iter().map(|x| x.0).sum::<f64>() / s.len().max(1) as f64;
         let slowest = group
             .dist()?
             .gather_fitness(&[generation_ms.median as f32])?
@@ -113,6 +121,8 @@ pub fn run(args: &BenchArgs, config: &Config, mut group: Group) -> Result<()> {
             how_hosts: h.to_string(),
             generation_ms,
             slowest_generation_ms: f64::from(slowest),
+            mean_generation_ms,
+            wait_ms: stats(&|x| x.1.wait_ms),
             evaluate_ms: stats(&|x| x.1.evaluate_ms),
             gather_ms: stats(&|x| x.1.gather_ms),
             exchange_ms: stats(&|x| x.1.exchange_ms),
@@ -163,7 +173,12 @@ fn table(r: &ProcessesReport) -> String {
     for v in &r.variants {
         s.push_str(&format!("how_hosts {}\n", v.how_hosts));
         row(&mut s, "generation", &v.generation_ms);
+        s.push_str(&format!(
+            "  {:<26}{:>12.2}\n",
+            "generation (mean)", v.mean_generation_ms
+        ));
         row(&mut s, "local evaluation", &v.evaluate_ms);
+        row(&mut s, "waiting for the slowest", &v.wait_ms);
         row(&mut s, "fitness gather", &v.gather_ms);
         row(&mut s, "update exchange", &v.exchange_ms);
         row(&mut s, "rest (tell, transfers)", &v.rest_ms);

@@ -50,6 +50,24 @@ fn die() -> ! {
     signal_hook::low_level::exit(1)
 }
 
+/// `SHARDES_MPI_TIMEOUT` in seconds, or the default.
+fn timeout_secs() -> Result<u64> {
+    match std::env::var("SHARDES_MPI_TIMEOUT") {
+        Ok(v) => Ok(v
+            .trim()
+            .parse::<u64>()
+            .ok()
+            .filter(|&s| s > 0)
+            .ok_or_else(|| {
+                ConfigError::new(
+                    format!("SHARDES_MPI_TIMEOUT = {v:?} is not a whole number of seconds > 0"),
+                    format!("unset it (default {DEFAULT_TIMEOUT_S} s) or set it to e.g. 600"),
+                )
+            })?),
+        Err(_) => Ok(DEFAULT_TIMEOUT_S),
+    }
+}
+
 /// The group of processes a run is one of (one process unless started by an MPI launcher).
 pub struct Group {
     /// `None` once finished.
@@ -62,23 +80,14 @@ impl Group {
     /// The group this process was started in ([`Distributed::from_env`]), with the
     /// collective timeout of `SHARDES_MPI_TIMEOUT`.
     pub fn from_env() -> Result<Group> {
-        let timeout = match std::env::var("SHARDES_MPI_TIMEOUT") {
-            Ok(v) => v
-                .trim()
-                .parse::<u64>()
-                .ok()
-                .filter(|&s| s > 0)
-                .ok_or_else(|| {
-                    ConfigError::new(
-                        format!("SHARDES_MPI_TIMEOUT = {v:?} is not a whole number of seconds > 0"),
-                        format!("unset it (default {DEFAULT_TIMEOUT_S} s) or set it to e.g. 600"),
-                    )
-                })?,
-            Err(_) => DEFAULT_TIMEOUT_S,
-        };
         let dist = Distributed::from_env()
-            .map_err(|e| ConfigError::new(e.to_string(), "see docs/cluster.md"))?
-            .with_timeout(Duration::from_secs(timeout), die);
+            .map_err(|e| ConfigError::new(e.to_string(), "see docs/cluster.md"))?;
+        // The timeout matters (and is read) only between processes.
+        let dist = if dist.size() > 1 {
+            dist.with_timeout(Duration::from_secs(timeout_secs()?), die)
+        } else {
+            dist
+        };
         Ok(Group {
             rank: dist.rank(),
             size: dist.size(),
