@@ -169,7 +169,7 @@ fn processes_that_hold_different_parameters_are_stopped_naming_the_generation() 
     });
     for e in &errors {
         assert!(
-            e.starts_with("the parameters at generation 1 differs between processes: process"),
+            e.starts_with("the processes disagree on the parameters at generation 1: process"),
             "{e}"
         );
     }

@@ -45,7 +45,7 @@ pub enum DistributedError {
     /// Processes that must agree do not: `what` (the config, the parameters at a
     /// generation) hashes differently on the processes listed.
     #[error(
-        "{what} differs between processes: process {rank} has {mine:016x}, process {other} \
+        "the processes disagree on {what}: process {rank} has {mine:016x}, process {other} \
          has {theirs:016x}; {hint}"
     )]
     Mismatch {

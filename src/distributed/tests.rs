@@ -75,7 +75,7 @@ fn a_differing_hash_is_refused_on_every_process_naming_it() {
             .unwrap_err()
             .to_string()
     });
-    assert!(out[0].starts_with("the config differs between processes: process 0 has 0000000000000005, process 2 has 0000000000000009"), "{}", out[0]);
+    assert!(out[0].starts_with("the processes disagree on the config: process 0 has 0000000000000005, process 2 has 0000000000000009"), "{}", out[0]);
     assert!(
         out[2].contains("process 2 has 0000000000000009, process 0 has 0000000000000005"),
         "{}",

@@ -256,7 +256,7 @@ fn processes_given_different_configs_are_refused() {
     let o = c.arg("run").arg(&b).output().expect("spawning mpirun");
     let (_, stderr) = exited(&o, 2);
     for rank in [0, 1] {
-        let line = format!("error: process {rank}: the config differs between processes");
+        let line = format!("error: process {rank}: the processes disagree on the config");
         assert!(stderr.contains(&line), "no {line:?} in {stderr}");
     }
     assert!(
