@@ -9,6 +9,7 @@
 //! - [`trainer`] keeps an ES run's state on the devices and steps it;
 //! - [`outputs`] runs a population that returns outputs (tokens) for host rewards;
 //! - [`decode`] decodes prompts under every member's perturbation ([`PopulationDecoder`]);
+//! - [`distributed`] runs one population across processes (MPI with the feature `mpi`);
 //! - [`io`] reads and writes parameter trees as safetensors;
 //! - [`estimate`] measures gradient estimators (one generation's estimate, central
 //!   differences, cosine/bias/variance);
@@ -25,6 +26,7 @@ pub use shardes_runtime as runtime;
 pub mod bench;
 pub mod bench_control;
 pub mod decode;
+pub mod distributed;
 pub mod dtype;
 pub mod estimate;
 #[cfg(feature = "models")]
@@ -84,6 +86,9 @@ pub enum Error {
     /// A MuJoCo environment (the library, the model file or its conventions).
     #[error(transparent)]
     Mjcf(#[from] mjcf::MjcfError),
+    /// Processes of one population disagree, or their collectives failed.
+    #[error(transparent)]
+    Distributed(#[from] distributed::DistributedError),
     /// Anything else a caller got wrong; the message says what to change.
     #[error("{0}")]
     Invalid(String),

@@ -219,10 +219,7 @@ impl OutputsRunner {
         let devices = self.state.devices();
         let uploaded = self.upload(layout, inputs)?;
         let args: Vec<Vec<&Buffer>> = (0..devices)
-            .map(|d| {
-                self.state
-                    .args_with(layout, d, uploaded[d].iter().collect())
-            })
+            .map(|d| self.state.args_with(layout, d, uploaded[d].iter()))
             .collect::<Result<_, _>>()?;
         let outs = exe.execute(&args)?;
         let mut per_output: Vec<Vec<Buffer>> = layout.outputs.iter().map(|_| Vec::new()).collect();

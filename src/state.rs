@@ -179,6 +179,19 @@ impl DeviceState {
         } else {
             self.batch[d].iter().chain(fitness).collect()
         };
+        self.args_with(layout, d, tail)
+    }
+
+    /// Device `d`'s arguments for a `layout` program: the state, then `tail` (inputs
+    /// uploaded per call, such as an outputs program's, or an update program's sums,
+    /// [`shardes_hlo::es::ProgramKind::Update`]), then the optimizer state where the
+    /// program takes it.
+    pub(crate) fn args_with<'a>(
+        &'a self,
+        layout: &Layout,
+        d: usize,
+        tail: impl IntoIterator<Item = &'a Buffer>,
+    ) -> Result<Vec<&'a Buffer>, Error> {
         let opt = if layout.opt_count() > 0 {
             &self.opt[d][..]
         } else {
@@ -191,17 +204,6 @@ impl DeviceState {
             tail,
             opt,
         )?)
-    }
-
-    /// Device `d`'s arguments for a `layout` program: the state, then `tail` (inputs
-    /// uploaded per call, such as an outputs program's).
-    pub(crate) fn args_with<'a>(
-        &'a self,
-        layout: &Layout,
-        d: usize,
-        tail: Vec<&'a Buffer>,
-    ) -> Result<Vec<&'a Buffer>, Error> {
-        Ok(layout.args(&self.params[d], &self.key[d], &self.generation[d], tail)?)
     }
 
     /// Takes each device's results of a `layout` program (which returns the state) as the

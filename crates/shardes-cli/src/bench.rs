@@ -6,6 +6,11 @@
 //! config into its inputs and
 //! prints the report as a table. Overrides (`--n`, `--devices`, `--member-chunk`) exist for scaling sweeps from
 //! one config file.
+//!
+//! Under `mpirun` (feature `mpi`), or with `--phases`, it times a generation of a run across
+//! processes in its phases instead ([`processes`]).
+
+mod processes;
 
 use std::path::PathBuf;
 
@@ -18,6 +23,7 @@ use shardes::Problem;
 
 use crate::config::{transformer_block, Config, ConfigError, ProblemConfig};
 use crate::inspect::{at_least_one, check_writable};
+use crate::run::processes::Group;
 use crate::setup;
 use crate::setup::problem_error;
 
@@ -53,6 +59,15 @@ pub struct BenchArgs {
     /// Per-device size of the square GEMM that measures the peak (0: skip).
     #[arg(long, default_value_t = 512)]
     pub gemm_size: usize,
+    /// Time a generation in the phases of a run across processes (local evaluation,
+    /// fitness gather, update exchange, the rest) on this one process; under `mpirun` this
+    /// is what `shardes bench` measures.
+    #[arg(long)]
+    pub phases: bool,
+    /// Placements across processes for the phases: `A`, `B` or `AB`. Default: the
+    /// config's `es.how_hosts`.
+    #[arg(long, value_parser = parse_how_flag)]
+    pub how_hosts: Option<String>,
 }
 
 fn parse_how(s: &str) -> Result<Vec<How>> {
@@ -184,7 +199,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if crate::bench_decode::is_decode_config(&args.config) {
         return crate::bench_decode::run(args);
     }
+    let group = Group::from_env()?;
     let config = validated(args)?;
+    if processes::wanted(args, &group) {
+        return processes::run(args, &config, group);
+    }
     if let ProblemConfig::Control { .. } = config.problem {
         return crate::bench_control::run(args, &config);
     }

@@ -351,6 +351,7 @@ pub(crate) const ES_KEYS: &[&str] = &[
     "freeze",
     "sigma_separable",
     "sigma_leaves",
+    "how_hosts",
 ];
 pub(crate) const RUN_KEYS: &[&str] = &[
     "seed",

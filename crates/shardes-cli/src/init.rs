@@ -256,6 +256,13 @@ fn doc(section: &str, key: &str, problem: &str) -> Option<(String, Option<String
              other leaves take es.sigma. A pattern that matches no leaf is an error.",
             "{ \"layers.*.w*\" = 0.02 }",
         ),
+        ("es", "how_hosts") => e(
+            "Where the update is contracted across processes under mpirun (feature mpi): \"A\" \
+             (every process contracts the whole population; only fitness values cross) or \
+             \"B\" (each process its own members; partial sums added in rank order). Default: \
+             \"A\".",
+            "\"B\"",
+        ),
         ("run", "seed") => d("The run's PRNG key is key(seed); the parameters, the batch and the noise derive from it."),
         ("run", "generations") => d("Generations to run."),
         ("run", "out") => d(

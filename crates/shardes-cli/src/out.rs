@@ -37,8 +37,10 @@ pub(crate) use errln;
 /// Writes one line to stderr. Errors are ignored: stderr is where failures are reported,
 /// so there is nowhere left to report its own.
 pub fn warn(args: fmt::Arguments<'_>) {
-    let mut e = io::stderr().lock();
-    let _ = e.write_fmt(args).and_then(|()| e.write_all(b"\n"));
+    // One write per line: stderr is unbuffered, and under mpirun the lines of several
+    // processes would interleave piece by piece.
+    let line = format!("{args}\n");
+    let _ = io::stderr().lock().write_all(line.as_bytes());
 }
 
 /// Standard output that stops printing at its first error instead of panicking.

@@ -27,7 +27,8 @@ fn every_listed_es_and_run_key_deserializes() {
     let text = QUICK.replace(
         "how = \"B\"",
         "how = \"B\"\nmember_chunk = 8\nkeep_noise_mib = 4\noptimizer = { name = \"adam\", b1 = 0.8 }\n\
-         freeze = [\"w*\"]\nsigma_separable = \"sigma.safetensors\"\nsigma_leaves = { \"b*\" = 0.02 }",
+         freeze = [\"w*\"]\nsigma_separable = \"sigma.safetensors\"\nhow_hosts = \"B\"\n\
+         sigma_leaves = { \"b*\" = 0.02 }",
     );
     let text = text.replace(
         "checkpoint_every = 10",

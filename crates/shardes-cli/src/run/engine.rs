@@ -1,34 +1,46 @@
 //! What `shardes run` steps: the fused generation program, a reward run (decode, score on
 //! the host, `tell`) with held-out evaluations, or host simulations (MuJoCo) with the
-//! policy on the devices.
+//! policy on the devices; under `mpirun`, one process's part of a population across
+//! processes.
 
 use std::collections::BTreeMap;
 
 use anyhow::Result;
-use shardes::hlo::params::ParamTree;
+use shardes::distributed::ProcessTrainer;
+use shardes::hlo::params::{Array, ParamTree};
 use shardes::host_control::HostTrainer;
 use shardes::{BuildTimes, Trainer};
 
+use super::processes::Group;
 use super::reward::RewardRun;
 use super::step::StepOut;
+use crate::config::ConfigError;
 
 /// A run's stepper.
 #[allow(clippy::large_enum_variant)] // one per run: boxing the trainer buys nothing
-pub(super) enum Engine {
+pub(crate) enum Engine {
     /// One program per generation (the model's loss in the program).
     Fused(Trainer),
     /// Decoding program + host reward + tell program.
     Reward(Box<RewardRun>),
     /// Host simulations (MuJoCo) with the policy on the devices.
     Host(Box<HostTrainer>),
+    /// One process of several (`mpirun`): its members' evaluation, the fitness gathered,
+    /// the update placed by `es.how_hosts`.
+    Processes(Box<ProcessTrainer>),
 }
 
 impl Engine {
-    /// Runs one generation.
-    pub fn step(&mut self) -> Result<StepOut> {
+    /// Runs one generation (with every process of `group` together for
+    /// [`Engine::Processes`]).
+    pub fn step(&mut self, group: &Group) -> Result<StepOut> {
         match self {
             Engine::Fused(t) => Ok(StepOut {
                 fitness: t.step()?,
+                extra: BTreeMap::new(),
+            }),
+            Engine::Processes(t) => Ok(StepOut {
+                fitness: t.step(group.dist()?)?,
                 extra: BTreeMap::new(),
             }),
             Engine::Reward(r) => r.step(),
@@ -53,15 +65,38 @@ impl Engine {
             Engine::Fused(t) => t.params()?,
             Engine::Reward(r) => r.params()?,
             Engine::Host(t) => t.params()?,
+            Engine::Processes(t) => t.params()?,
         })
     }
 
     /// The optimizer's state on the host (empty under sgd, and for a reward run, which
     /// takes sgd only).
-    pub fn optimizer_state(&self) -> Result<Vec<(String, shardes::hlo::params::Array)>> {
+    pub fn optimizer_state(&self) -> Result<Vec<(String, Array)>> {
         Ok(match self {
             Engine::Fused(t) => t.optimizer_state()?,
+            Engine::Processes(t) => t.optimizer_state()?,
             Engine::Reward(_) | Engine::Host(_) => Vec::new(),
+        })
+    }
+
+    /// Sets a resumed checkpoint's optimizer state (`tensors`, empty under sgd), refusing
+    /// a state that does not fit this run's optimizer with a pointer to the config.
+    pub fn resume_optimizer(&mut self, tensors: &[(String, Array)]) -> Result<()> {
+        let set = match self {
+            Engine::Fused(t) if !tensors.is_empty() || t.layout().opt_count() > 0 => {
+                t.set_optimizer_state(tensors)
+            }
+            Engine::Processes(t) if !tensors.is_empty() || !t.optimizer_state()?.is_empty() => {
+                t.set_optimizer_state(tensors)
+            }
+            _ => Ok(()),
+        };
+        set.map_err(|e| {
+            ConfigError::new(
+                format!("--resume: the checkpoint's optimizer state does not fit: {e}"),
+                "resume with the config that started the run",
+            )
+            .into()
         })
     }
 
@@ -71,6 +106,7 @@ impl Engine {
             Engine::Fused(t) => t.generation(),
             Engine::Reward(r) => r.generation(),
             Engine::Host(t) => t.generation(),
+            Engine::Processes(t) => t.generation(),
         }
     }
 
@@ -80,6 +116,7 @@ impl Engine {
             Engine::Fused(t) => t.build_times(),
             Engine::Reward(r) => r.build_times(),
             Engine::Host(t) => t.build_times(),
+            Engine::Processes(t) => t.build_times(),
         }
     }
 
@@ -88,7 +125,7 @@ impl Engine {
     /// to print.
     pub fn evaluate_if_due(&mut self, done: u32, last: bool) -> Result<Option<String>> {
         match self {
-            Engine::Fused(_) | Engine::Host(_) => Ok(None),
+            Engine::Fused(_) | Engine::Host(_) | Engine::Processes(_) => Ok(None),
             Engine::Reward(r) => r.evaluate_if_due(done, last),
         }
     }

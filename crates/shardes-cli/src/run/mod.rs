@@ -23,10 +23,14 @@
 //!
 //! The trainer folds the generation into the key on the device, so a run resumed from a
 //! checkpoint at generation g computes exactly what an uninterrupted run computes from g on.
+//!
+//! Under `mpirun` (feature `mpi`) every process runs this command; process 0 does all of
+//! the above and the others follow it ([`processes`]).
 
 mod curves;
-mod engine;
+pub(crate) mod engine;
 mod finite;
+pub(crate) mod processes;
 mod reward;
 mod signals;
 mod start;
@@ -48,9 +52,9 @@ use engine::Engine;
 
 use crate::config::{Config, ConfigError, ProblemConfig};
 use crate::out::{errln, is_closed, outln, Stdout};
-use crate::setup;
 
 use curves::Curves;
+use processes::Group;
 pub use signals::Signal;
 use start::{refusal, rundir_error};
 use summary::{fmt_duration, stats, Summary};
@@ -101,8 +105,10 @@ struct Progress {
 }
 
 impl Progress {
-    fn new(out: Stdout, total: u32, start: u32) -> Result<Progress> {
-        let bar = if std::io::stdout().is_terminal() && out.ok() {
+    /// `bar`: whether a terminal may get a bar (not under `mpirun`, whose forwarded
+    /// terminal output from several processes is better read as lines).
+    fn new(out: Stdout, total: u32, start: u32, bar: bool) -> Result<Progress> {
+        let bar = if bar && std::io::stdout().is_terminal() && out.ok() {
             // indicatif ignores its own write errors, so a terminal that goes away cannot
             // panic it.
             let pb =
@@ -225,11 +231,14 @@ fn checkpoint(
 /// Runs `shardes run`.
 pub fn run(args: &RunArgs) -> Result<Outcome> {
     let t_command = Instant::now();
+    let mut group = Group::from_env()?;
     let mut config = Config::load(&args.config)?;
     if let Some(p) = &args.plugin {
         config.plugin = Some(p.clone());
     }
-    let hash = config.trajectory_hash();
+    group.agree_config(&config)?;
+    group.check_split(&config)?;
+    let hash = group.trajectory_hash(&config);
     let dir = config.run.out.clone();
     // Everything the config alone can refuse is refused before the directory is looked at.
     let total = u32::try_from(config.run.generations).map_err(|_| {
@@ -241,6 +250,14 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
     let spec = &config.es.strategy;
     let resolved = toml::to_string_pretty(&config).context("serializing the resolved config")?;
     let stop = signals::install()?;
+    if !group.is_lead() {
+        return Ok(
+            match processes::follow(&mut group, &config, &stop, total)? {
+                Some(sig) => Outcome::Interrupted(sig),
+                None => Outcome::Finished,
+            },
+        );
+    }
 
     let mode = if args.resume {
         Mode::Resume
@@ -254,7 +271,7 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
         None
     };
 
-    let mut s = setup::build(&config)?;
+    let mut s = group.setup(&config)?;
     // The contents of the problem's files, which the hash covers only by path (read once
     // the problem has loaded them, so a missing file is reported by its loader).
     let inputs = serde_json::json!({ "inputs": config.input_digests()? });
@@ -278,6 +295,8 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
         None => 0,
     };
     finite::check_start(&s.problem.params, &s.problem.batch, args.resume)?;
+    let (start, params) = group.share_start(start, s.problem.params.clone())?;
+    s.problem.params = params;
 
     let mut out = Stdout::new();
     outln!(
@@ -298,39 +317,39 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
         s.client.plugin().path().display(),
         dir.display(),
     );
+    if let Some(line) = group.describe(&config) {
+        outln!(out, "{line}");
+    }
     if start >= total {
         outln!(
             out,
             "the checkpoint is at generation {start}; run.generations = {total}: nothing to do \
              (raise run.generations to continue)"
         );
+        group.finish();
         return Ok(Outcome::Finished);
     }
     let p = &s.problem;
     let mut trainer = match (&config.task, &s.host) {
+        _ if group.size() > 1 => group
+            .engine(&s, &p.params, start)
+            .context("building this process's programs")?,
         (Some(_), _) => Engine::Reward(Box::new(reward::build(&s, start)?)),
         (None, Some(h)) => Engine::Host(Box::new(
             HostTrainer::new(&s.client, &s.es, h, &p.params, p.key, start)
                 .context("building the policy step and tell programs")?,
         )),
-        (None, None) => {
-            let mut trainer = Trainer::with_state(
+        (None, None) => Engine::Fused(
+            Trainer::with_state(
                 &s.client, &s.es, &*p.model, &p.params, p.key, &p.batch, start,
             )
-            .context("building the generation program")?;
-            if let Some(optimizer) = &resumed_optimizer {
-                if !optimizer.is_empty() || trainer.layout().opt_count() > 0 {
-                    trainer.set_optimizer_state(optimizer).map_err(|e| {
-                        ConfigError::new(
-                            format!("--resume: the checkpoint's optimizer state does not fit: {e}"),
-                            "resume with the config that started the run",
-                        )
-                    })?;
-                }
-            }
-            Engine::Fused(trainer)
-        }
+            .context("building the generation program")?,
+        ),
     };
+    if let Some(optimizer) = &resumed_optimizer {
+        trainer.resume_optimizer(optimizer)?;
+    }
+    group.share_optimizer(&mut trainer)?;
     let bt = trainer.build_times();
     outln!(
         out,
@@ -343,7 +362,7 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
             String::new()
         }
     );
-    if let Some(sig) = stop.received() {
+    if let Some(sig) = group.stop(&stop)? {
         errln!(
             "{}: stopped before the first generation; {} is unchanged",
             sig.name(),
@@ -394,7 +413,7 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
     }
 
     let mut curves = Curves::new(&dir, config.run.tensorboard);
-    let mut progress = Progress::new(out, total, start)?;
+    let mut progress = Progress::new(out, total, start, group.size() == 1)?;
     let every = config.run.checkpoint_every;
     let key = s.problem.key;
     let t_run = Instant::now();
@@ -405,13 +424,13 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
         }
     }
     for g in start..total {
-        if let Some(sig) = stop.received() {
+        if let Some(sig) = group.stop(&stop)? {
             outcome = Outcome::Interrupted(sig);
             break;
         }
         let t0 = Instant::now();
         let step = trainer
-            .step()
+            .step(&group)
             .with_context(|| format!("running generation {g}"))?;
         let fitness = step.fitness;
         let ms = t0.elapsed().as_secs_f64() * 1e3;
@@ -438,6 +457,12 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
             let last = rundir.committed().map(|s| s.generation);
             return Err(finite::diverged_fitness((&config.es).into(), g, &bad, last, &dir).into());
         }
+        if done < total {
+            if let Err(e) = group.check(&trainer, done, every, false) {
+                progress.finish();
+                return Err(e);
+            }
+        }
         // Before the checkpoint: a kill between the two leaves an evaluation that the
         // resume (from the previous checkpoint) drops and writes again.
         if let Some(line) = trainer.evaluate_if_due(done, false)? {
@@ -451,10 +476,13 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
             curves.checkpoint();
         }
     }
-    if let Some(sig) = stop.received() {
-        outcome = Outcome::Interrupted(sig);
+    if outcome == Outcome::Finished {
+        if let Some(sig) = group.stop(&stop)? {
+            outcome = Outcome::Interrupted(sig);
+        }
     }
     let g = trainer.generation();
+    group.check(&trainer, g, every, true)?;
     // The end of the run (not of an interrupted part of it) is evaluated too.
     if outcome == Outcome::Finished && g > start {
         match trainer.evaluate_if_due(g, true) {
@@ -503,6 +531,7 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
         outln!(out, "{line}");
     }
     progress.tell(g);
+    group.end(outcome == Outcome::Finished);
     Ok(outcome)
 }
 

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 /// One generation's outcome.
-pub(super) struct StepOut {
+pub(crate) struct StepOut {
     /// The fitness `tell` used (lower is better).
     pub fitness: Vec<f32>,
     /// Scalars logged beside the fitness (`extra` in `metrics.jsonl`).

@@ -9,7 +9,7 @@
 //! - `how = B`: each device contracts its own members, then one all-reduce per leaf;
 //!   `how = A`: every device regenerates and contracts the whole population.
 
-use crate::builder::{DType, DotDims, Module, Sharding, TensorType, Value};
+use crate::builder::{DType, DotDims, Func, Module, Sharding, TensorType, Value};
 use crate::nn::{Act, Weight};
 use crate::prng::emit::Keys;
 
@@ -126,6 +126,10 @@ pub(super) struct Emitter<'a> {
     scales: Vec<LeafScale>,
     /// The leaves that get noise (all but the frozen), with their whole-tree indices.
     active: Vec<LeafInfo>,
+    /// The first global member id and the number of members `apply` evaluates and `tell`
+    /// contracts (one process's share of the population, [`super::processes`]; by default
+    /// all `n` from 0).
+    members: (usize, usize),
 }
 
 impl<'a> Emitter<'a> {
@@ -136,20 +140,40 @@ impl<'a> Emitter<'a> {
         chunk: usize,
     ) -> Result<Self, EsError> {
         let scales = es.leaf_scales(&layout.leaves)?;
-        let active = layout
-            .leaves
-            .iter()
-            .zip(&scales)
-            .filter(|(_, s)| **s != LeafScale::Frozen)
-            .map(|(l, _)| l.clone())
-            .collect();
+        let active = sigma::active(&layout.leaves, &scales);
         Ok(Emitter {
             es,
             layout,
             chunk,
             scales,
             active,
+            members: (0, es.n),
         })
+    }
+
+    /// The same emitter over the `count` members from global id `offset` on.
+    pub(super) fn with_members(mut self, offset: usize, count: usize) -> Self {
+        self.members = (offset, count);
+        self
+    }
+
+    /// The member ids `[offset, offset + count)` as `u32[count]` with `sharding`. From 0,
+    /// the iota alone, so the programs of one process print as they always did.
+    fn member_ids(&self, f: &Func, sharding: &Sharding) -> Result<Value, EsError> {
+        let (offset, count) = self.members;
+        let ids = f.iota(TensorType::u32(&[count as i64]), 0)?;
+        let ids = if offset == 0 {
+            ids
+        } else {
+            let offset = u32::try_from(offset).map_err(|_| {
+                invalid(
+                    format!("member offset {offset} exceeds the program's 32-bit member ids"),
+                    "lower es.n".into(),
+                )
+            })?;
+            ids.add(&f.scalar(offset)?)?
+        };
+        Ok(ids.shard(sharding)?)
     }
 
     /// The leaves that get noise (all but the frozen ones), in order.
@@ -561,10 +585,7 @@ impl<'a> Emitter<'a> {
         keep: bool,
     ) -> Result<(Value, Option<Vec<Noise>>), EsError> {
         let f = base_key.func();
-        let n = self.es.n as i64;
-        let ids = f
-            .iota(TensorType::u32(&[n]), 0)?
-            .shard(&Sharding::split(1, 0)?)?;
+        let ids = self.member_ids(&f, &Sharding::split(1, 0)?)?;
         let mut inputs: Vec<&Value> = vec![&ids, base_key];
         inputs.extend(params.iter());
         inputs.extend(batch.iter());
@@ -613,16 +634,34 @@ impl<'a> Emitter<'a> {
         kept: Option<Vec<Noise>>,
         opt: &[Value],
     ) -> Result<(Vec<Value>, Vec<Value>), EsError> {
-        let f = base_key.func();
-        let n = self.es.n as i64;
-        let (member_sh, weights) = match self.es.how {
+        let u = self.contraction(base_key, weights, kept)?;
+        self.update(&base_key.func(), params, u, opt)
+    }
+
+    /// The contraction's placement of the members: split over "pop" under `how = B` (each
+    /// device its own), replicated under `A` (every device all of them); with `weights`
+    /// placed alike.
+    fn place_members(&self, weights: &Value) -> Result<(Sharding, Value), EsError> {
+        Ok(match self.es.how {
             How::B => (
                 Sharding::split(1, 0)?,
                 weights.shard(&Sharding::split(1, 0)?)?,
             ),
             How::A => (Sharding::replicated(1), weights.clone()),
-        };
-        let ids = f.iota(TensorType::u32(&[n]), 0)?.shard(&member_sh)?;
+        })
+    }
+
+    /// `tell`'s sum `u_j = Σ_i w_i s_i ε_j(i)` over the emitter's members, replicated, one
+    /// per leaf that gets noise ([`Emitter::active`]), from their weights (`count` values).
+    pub(super) fn contraction(
+        &self,
+        base_key: &Value,
+        weights: &Value,
+        kept: Option<Vec<Noise>>,
+    ) -> Result<Vec<Value>, EsError> {
+        let f = base_key.func();
+        let (member_sh, weights) = self.place_members(weights)?;
+        let ids = self.member_ids(&f, &member_sh)?;
         let kept_values: Vec<Value> = kept.iter().flatten().flat_map(Noise::values).collect();
         if !kept_values.is_empty() && self.es.how != How::B {
             return Err(invalid(
@@ -647,7 +686,7 @@ impl<'a> Emitter<'a> {
             .map(|l| Sharding::replicated(l.shape.len()))
             .collect();
         let how = self.es.how;
-        let u = f.manual_computation(
+        f.manual_computation(
             &inputs,
             &in_sh,
             &out_sh,
@@ -659,7 +698,87 @@ impl<'a> Emitter<'a> {
                     How::A => Ok(u),
                 }
             },
-        )?;
+        )
+    }
+
+    /// The sum of [`Emitter::contraction`] before any sum across devices: per leaf that
+    /// gets noise `[D · blocks, ..leaf shape]`, split over "pop", row `d · blocks + b` the
+    /// sum over block `b` of device `d`'s members (each device's members cut in `blocks`
+    /// equal blocks, in order, each summed from zero in the chunks `tell` uses for that
+    /// many members). With the blocks of one process's devices standing for the devices of
+    /// a larger run, adding the rows in order gives the bits of that run's all-reduce,
+    /// which adds every device's sum in device order. Under `how = A` every device
+    /// contracts every member, so all devices' rows are the same.
+    pub(super) fn partials(
+        &self,
+        base_key: &Value,
+        weights: &Value,
+        blocks: usize,
+    ) -> Result<Vec<Value>, EsError> {
+        let f = base_key.func();
+        let (member_sh, weights) = self.place_members(weights)?;
+        let ids = self.member_ids(&f, &member_sh)?;
+        let inputs: Vec<&Value> = vec![&ids, &weights, base_key];
+        let in_sh = vec![member_sh.clone(), member_sh, Sharding::replicated(1)];
+        let leaves = &self.active;
+        let out_sh = leaves
+            .iter()
+            .map(|l| Sharding::split(l.shape.len() + 1, 0))
+            .collect::<Result<Vec<_>, _>>()?;
+        let blocks = blocks.max(1) as i64;
+        f.manual_computation(
+            &inputs,
+            &in_sh,
+            &out_sh,
+            |loc| -> Result<Vec<Value>, EsError> {
+                let (ids, w, key) = (&loc[0], &loc[1], &loc[2]);
+                let per = ids.shape()[0] / blocks;
+                let mut rows: Vec<Vec<Value>> = vec![Vec::new(); leaves.len()];
+                for b in 0..blocks {
+                    let (lo, hi) = (b * per, (b + 1) * per);
+                    let u = self.contract_local(
+                        &ids.slice_in_dim(lo, hi, 0)?,
+                        &w.slice_in_dim(lo, hi, 0)?,
+                        key,
+                        leaves,
+                        None,
+                    )?;
+                    for ((row, v), l) in rows.iter_mut().zip(u).zip(leaves) {
+                        let mut shape = vec![1];
+                        shape.extend_from_slice(&l.shape);
+                        row.push(v.reshape(&shape)?);
+                    }
+                }
+                rows.iter()
+                    .map(|r| {
+                        let r: Vec<&Value> = r.iter().collect();
+                        Ok(loc[0].func().concatenate(&r, 0)?)
+                    })
+                    .collect()
+            },
+        )
+    }
+
+    /// The update from the sum `u` of every leaf that gets noise: new parameters and the
+    /// optimizer's new state from `opt` (`θ − lr/(nσ) · u` under sgd, each leaf with its
+    /// own σ; frozen leaves unchanged).
+    pub(super) fn update(
+        &self,
+        f: &Func,
+        params: &[Value],
+        u: Vec<Value>,
+        opt: &[Value],
+    ) -> Result<(Vec<Value>, Vec<Value>), EsError> {
+        if u.len() != self.active.len() {
+            return Err(invalid(
+                format!(
+                    "{} sums for {} leaves that get noise",
+                    u.len(),
+                    self.active.len()
+                ),
+                "pass one sum per unfrozen leaf, in leaf order".into(),
+            ));
+        }
         // Plain sgd is the per-leaf σ update below; anything else (weight decay included)
         // is the optimizer's step, which takes one scalar σ.
         let plain_sgd = matches!(self.es.optimizer.kind, OptimizerKind::Sgd)
@@ -690,7 +809,7 @@ impl<'a> Emitter<'a> {
         // sgd: each leaf's own `lr/(nσ_j)` (separable: `u ⊘ p qᵀ` then `lr/n`); with one σ
         // everywhere this is today's `θ − lr/(nσ) · u`, the same ops.
         let mut u = u.into_iter();
-        let steps = Emission::new(&self.scales).steps(&f, self.es.lr, self.es.n)?;
+        let steps = Emission::new(&self.scales).steps(f, self.es.lr, self.es.n)?;
         let params = params
             .iter()
             .zip(steps)
@@ -714,7 +833,7 @@ impl<'a> Emitter<'a> {
     }
 
     /// Fitness → weights on every device.
-    fn shape_fitness(&self, fitness: &Value) -> Result<Value, EsError> {
+    pub(super) fn shape_fitness(&self, fitness: &Value) -> Result<Value, EsError> {
         let rep = fitness.shard(&Sharding::replicated(fitness.rank()))?;
         Ok(self.es.shaping.weights(&rep)?)
     }

@@ -6,7 +6,14 @@
 //! | [`ProgramKind::AskApply`] | `params…, key, generation, batch…` | `fitness` | nothing |
 //! | [`ProgramKind::Tell`] | `params…, key, generation, fitness, opt…` | `params'…, generation', opt'…` | params, generation, opt |
 //! | [`ProgramKind::Outputs`] | `params…, key, generation, inputs…` | `outputs…` (each `[n, …]`) | nothing |
+//! | [`ProgramKind::Partial`] | `params…, key, generation, fitness` | `u…` (one row per device) | nothing |
+//! | [`ProgramKind::Update`] | `params…, key, generation, u…, opt…` | `params'…, generation', opt'…` | params, generation, opt |
 //!
+//! The last two split `tell` at the sum over members for a population run across processes
+//! ([`super::processes`]): a partial program returns one process's share of the sum `u`
+//! of every leaf that gets noise ([`Layout::sums`]; `[D, ..leaf]` split over `"pop"`: each
+//! device's own sum, unreduced), and the update program applies the sum of all shares
+//! (taken where the other kinds take the batch, each named `u.<leaf path>`).
 //! `opt…` is the optimizer's state ([`Layout::opt_state`]; none for `sgd`, so an sgd
 //! program has exactly the arguments and results it had before optimizers existed). It
 //! comes last on both sides so that every other position is the same with or without it.
@@ -32,17 +39,30 @@ pub enum ProgramKind {
     /// Per-member outputs instead of a loss ([`crate::es::MemberOutputs`]): the inputs
     /// take the batch's place, and the results are the outputs ([`Layout::outputs`]).
     Outputs,
+    /// One process's share of `tell`'s sum over members, with a host fitness.
+    Partial,
+    /// The update with a host sum `u` of every leaf that gets noise, and the next
+    /// generation.
+    Update,
 }
 
 impl ProgramKind {
-    /// The name in messages: `generation`, `ask_apply`, `tell`.
+    /// The name in messages: `generation`, `ask_apply`, `tell`, `outputs`, `partial`,
+    /// `update`.
     pub fn name(self) -> &'static str {
         match self {
             ProgramKind::Generation => "generation",
             ProgramKind::AskApply => "ask_apply",
             ProgramKind::Tell => "tell",
             ProgramKind::Outputs => "outputs",
+            ProgramKind::Partial => "partial",
+            ProgramKind::Update => "update",
         }
+    }
+
+    /// Whether the program takes a host fitness after `generation`.
+    fn takes_fitness(self) -> bool {
+        matches!(self, ProgramKind::Tell | ProgramKind::Partial)
     }
 }
 
@@ -55,7 +75,9 @@ pub struct Layout {
     /// program returns parameters).
     pub leaves: Vec<LeafInfo>,
     /// Names and types of the batch arguments (after `key` and `generation`; empty for
-    /// [`ProgramKind::Tell`], which takes the fitness there instead).
+    /// [`ProgramKind::Tell`] and [`ProgramKind::Partial`], which take the fitness there
+    /// instead; for [`ProgramKind::Update`] the sum of each of [`Layout::sums`],
+    /// `u.<path>`).
     pub batch: Vec<(String, TensorType)>,
     /// Population size.
     pub n: usize,
@@ -68,6 +90,10 @@ pub struct Layout {
     /// empty for `sgd`). Programs that donate the state take it after their other
     /// arguments and return it after their other results; the others ignore it.
     pub opt_state: Vec<(String, TensorType)>,
+    /// The leaves whose sum over members a [`ProgramKind::Partial`] program returns and a
+    /// [`ProgramKind::Update`] program takes: those that get noise ([`Layout::with_sums`];
+    /// all leaves by default); empty for the other kinds.
+    pub sums: Vec<LeafInfo>,
 }
 
 /// A program's arguments by role, in the order of [`Layout::args`].
@@ -113,10 +139,14 @@ impl Layout {
         n: usize,
         tasks: usize,
     ) -> Layout {
-        let batch = if kind == ProgramKind::Tell {
-            Vec::new()
-        } else {
-            batch
+        let sums = match kind {
+            ProgramKind::Partial | ProgramKind::Update => leaves.clone(),
+            _ => Vec::new(),
+        };
+        let batch = match kind {
+            ProgramKind::Tell | ProgramKind::Partial => Vec::new(),
+            ProgramKind::Update => sum_types(&sums),
+            _ => batch,
         };
         Layout {
             kind,
@@ -126,7 +156,20 @@ impl Layout {
             tasks,
             outputs: Vec::new(),
             opt_state: Vec::new(),
+            sums,
         }
+    }
+
+    /// A partial or update layout over the sums of `leaves` only (those that get noise,
+    /// in leaf order); other kinds are returned as they are.
+    pub fn with_sums(mut self, leaves: &[LeafInfo]) -> Layout {
+        if matches!(self.kind, ProgramKind::Partial | ProgramKind::Update) {
+            self.sums = leaves.to_vec();
+            if self.kind == ProgramKind::Update {
+                self.batch = sum_types(&self.sums);
+            }
+        }
+        self
     }
 
     /// The same layout with the optimizer's state `types` ([`Layout::opt_state`]).
@@ -184,14 +227,16 @@ impl Layout {
         self.leaves.len() + 1
     }
 
-    /// Index of the first batch argument (none for [`ProgramKind::Tell`]).
+    /// Index of the first batch argument (none for [`ProgramKind::Tell`] and
+    /// [`ProgramKind::Partial`]; for [`ProgramKind::Update`], the first sum).
     pub fn batch_arg(&self) -> Option<usize> {
-        (self.kind != ProgramKind::Tell).then_some(self.leaves.len() + 2)
+        (!self.kind.takes_fitness()).then_some(self.leaves.len() + 2)
     }
 
-    /// Index of the fitness argument ([`ProgramKind::Tell`] only).
+    /// Index of the fitness argument ([`ProgramKind::Tell`] and [`ProgramKind::Partial`]
+    /// only).
     pub fn fitness_arg(&self) -> Option<usize> {
-        (self.kind == ProgramKind::Tell).then_some(self.leaves.len() + 2)
+        self.kind.takes_fitness().then_some(self.leaves.len() + 2)
     }
 
     /// The number of arguments.
@@ -207,7 +252,10 @@ impl Layout {
 
     /// Whether the program returns new parameters and generation.
     fn returns_state(&self) -> bool {
-        matches!(self.kind, ProgramKind::Generation | ProgramKind::Tell)
+        matches!(
+            self.kind,
+            ProgramKind::Generation | ProgramKind::Tell | ProgramKind::Update
+        )
     }
 
     /// Index of the fitness result (none for [`ProgramKind::Tell`]).
@@ -215,7 +263,10 @@ impl Layout {
         match self.kind {
             ProgramKind::Generation => Some(self.leaves.len() + 1),
             ProgramKind::AskApply => Some(0),
-            ProgramKind::Tell | ProgramKind::Outputs => None,
+            ProgramKind::Tell
+            | ProgramKind::Outputs
+            | ProgramKind::Partial
+            | ProgramKind::Update => None,
         }
     }
 
@@ -252,20 +303,24 @@ impl Layout {
     }
 
     /// Parameter results (`L`, or 0 for [`ProgramKind::AskApply`] and
-    /// [`ProgramKind::Outputs`]).
+    /// [`ProgramKind::Outputs`]; a partial program's sums take their place).
     fn param_results(&self) -> usize {
         if self.returns_state() {
             self.leaves.len()
+        } else if self.kind == ProgramKind::Partial {
+            self.sums.len()
         } else {
             0
         }
     }
 
-    /// Arguments after `generation`: the batch, or the one fitness of a tell program.
+    /// Arguments after `generation`: the batch (an update program's sums), or the one
+    /// fitness of a tell or partial program.
     fn tail_count(&self) -> usize {
-        match self.kind {
-            ProgramKind::Tell => 1,
-            _ => self.batch.len(),
+        if self.kind.takes_fitness() {
+            1
+        } else {
+            self.batch.len()
         }
     }
 
@@ -284,7 +339,8 @@ impl Layout {
         let main = match self.kind {
             ProgramKind::Generation => format!("{l} leaves + generation + fitness"),
             ProgramKind::AskApply => "fitness".into(),
-            ProgramKind::Tell => format!("{l} leaves + generation"),
+            ProgramKind::Tell | ProgramKind::Update => format!("{l} leaves + generation"),
+            ProgramKind::Partial => format!("{} sums, one per leaf with noise", self.sums.len()),
             ProgramKind::Outputs => self
                 .outputs
                 .iter()
@@ -357,13 +413,19 @@ impl Layout {
         })
     }
 
-    /// Emits `results` as the results of `f`, in order: parameters and generation
-    /// replicated, the fitness split over `"pop"` by member. Refuses a part the kind does
-    /// not return, or one it lacks.
+    /// Emits `results` as the results of `f`, in order: parameters (a partial program's
+    /// sums, split over `"pop"` by device) and generation replicated, the fitness split
+    /// over `"pop"` by member. Refuses a part the kind does not return, or one it lacks.
     pub fn emit(&self, f: &Func, results: ProgramResults<Value>) -> Result<(), EsError> {
         self.check_results(&results)?;
-        for (p, l) in results.params.iter().zip(&self.leaves) {
-            f.output_sharded(p, &Sharding::replicated(l.shape.len()))?;
+        if self.kind == ProgramKind::Partial {
+            for (u, l) in results.params.iter().zip(&self.sums) {
+                f.output_sharded(u, &Sharding::split(l.shape.len() + 1, 0)?)?;
+            }
+        } else {
+            for (p, l) in results.params.iter().zip(&self.leaves) {
+                f.output_sharded(p, &Sharding::replicated(l.shape.len()))?;
+            }
         }
         if let Some(g) = &results.generation {
             f.output_sharded(g, &Sharding::replicated(0))?;
@@ -453,7 +515,10 @@ impl Layout {
         let got = out.len() - (self.generation_arg() + 1);
         if got != self.tail_count() {
             let (what, detail) = match self.kind {
-                ProgramKind::Tell => ("fitness arguments", format!("{}", self.fitness_type())),
+                ProgramKind::Tell | ProgramKind::Partial => {
+                    ("fitness arguments", format!("{}", self.fitness_type()))
+                }
+                ProgramKind::Update => ("update arguments", "one per leaf with noise".into()),
                 _ => (
                     "batch arguments",
                     if self.batch.is_empty() {
@@ -558,6 +623,13 @@ impl Layout {
         }
         Ok(results)
     }
+}
+
+/// The sum arguments of an update program over `sums`: `u.<path>`, f32 of the leaf's shape.
+fn sum_types(sums: &[LeafInfo]) -> Vec<(String, TensorType)> {
+    sums.iter()
+        .map(|l| (format!("u.{}", l.path), TensorType::f32(&l.shape)))
+        .collect()
 }
 
 /// Refuses leaves out of [`crate::es::leaf_infos`] order: a leaf's index is its argument

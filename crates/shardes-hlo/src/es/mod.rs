@@ -16,6 +16,8 @@
 //! - [`optimizer`]: [`Optimizer`], how `tell` steps on the ES gradient (sgd, momentum, adam,
 //!   clipup), and [`OptimizerSpec`], its config form;
 //! - [`program`]: the programs ([`ShardedES::generation_program`] and the others);
+//! - [`processes`]: the programs of one process of a population run across processes
+//!   ([`Part`]);
 //! - [`error`]: the error type, [`EsError`].
 
 pub mod coupling;
@@ -25,6 +27,7 @@ pub mod layout;
 pub mod model;
 pub mod optimizer;
 pub mod outputs;
+pub mod processes;
 pub mod program;
 pub mod settings;
 pub mod shaping;
@@ -38,6 +41,7 @@ pub use layout::{Layout, ProgramArgs, ProgramKind, ProgramResults};
 pub use model::{check_model, leaf_infos, Access, Finding, Model, ModelParams};
 pub use optimizer::{Optimizer, OptimizerKind, OptimizerName, OptimizerSpec, OPTIMIZER_NAMES};
 pub use outputs::{AsModel, MemberInfo, MemberOutputs, WithTasks, SAMPLE_TAG};
+pub use processes::{check_processes, Part};
 pub use program::Program;
 pub use settings::{
     EsSpec, ShardedES, CHUNK_BYTES, DEFAULT_MEMBER_CHUNK, KEEP_NOISE_BYTES, TELL_CHUNK_BYTES,

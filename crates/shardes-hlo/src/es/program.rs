@@ -191,14 +191,25 @@ impl ShardedES {
         layout: Layout,
         body: impl FnOnce(&Func, &Layout, &ProgramArgs<Value>) -> Result<ProgramResults<Value>, EsError>,
     ) -> Result<Program, EsError> {
-        let mut module = Module::with_mesh(name, Mesh::pop(self.devices as i64)?);
-        let f = module.func("main");
-        let args = layout.declare(&f)?;
-        let results = body(&f, &layout, &args)?;
-        layout.emit(&f, results)?;
-        module.add(f.finish()?)?;
-        Ok(Program { module, layout })
+        build_on(name, self.devices, layout, body)
     }
+}
+
+/// Declares `layout`'s arguments in a fresh module `name` over a population mesh of
+/// `devices`, emits what `body` computes from them as its results, and closes the module.
+pub(super) fn build_on(
+    name: &str,
+    devices: usize,
+    layout: Layout,
+    body: impl FnOnce(&Func, &Layout, &ProgramArgs<Value>) -> Result<ProgramResults<Value>, EsError>,
+) -> Result<Program, EsError> {
+    let mut module = Module::with_mesh(name, Mesh::pop(devices as i64)?);
+    let f = module.func("main");
+    let args = layout.declare(&f)?;
+    let results = body(&f, &layout, &args)?;
+    layout.emit(&f, results)?;
+    module.add(f.finish()?)?;
+    Ok(Program { module, layout })
 }
 
 /// Noise that is exactly zero and free, in the per-member layout: the inference baseline.

@@ -546,6 +546,13 @@ pub struct EsSpec {
     /// the front end ([`ShardedES::with_sigma_separable`]); `build` does not read files.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sigma_separable: Option<std::path::PathBuf>,
+    /// Where the update is contracted across processes when the population runs on several
+    /// ([`super::processes`]): `A`, every process contracts the whole population (only the
+    /// fitness crosses between processes), or `B`, each its own members and the partial
+    /// sums are added across processes (default `A`, [`EsSpec::hosts_how`]). One process
+    /// ignores it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub how_hosts: Option<How>,
     /// Per-leaf σ by glob pattern, first match wins (`es.sigma` for the rest; last: a table).
     #[serde(default, skip_serializing_if = "SigmaPatterns::is_empty")]
     pub sigma_leaves: SigmaPatterns,
@@ -571,7 +578,14 @@ impl EsSpec {
             freeze: Vec::new(),
             sigma_separable: None,
             sigma_leaves: SigmaPatterns::default(),
+            how_hosts: None,
         }
+    }
+
+    /// The placement across processes: `es.how_hosts`, `A` when unset (`4·n` bytes cross
+    /// between processes per generation, against a parameter-sized sum for `B`).
+    pub fn hosts_how(&self) -> How {
+        self.how_hosts.unwrap_or(How::A)
     }
 
     /// The noise budget in bytes ([`ShardedES::with_keep_noise_bytes`]).

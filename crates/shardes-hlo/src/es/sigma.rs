@@ -292,6 +292,12 @@ impl ShardedES {
         self.leaf_sigma.is_scalar()
     }
 
+    /// The leaves of `leaves` that get noise (all but the frozen ones), in order: the
+    /// leaves `tell` sums over members ([`crate::es::ProgramKind::Partial`]).
+    pub fn active_leaves(&self, leaves: &[LeafInfo]) -> Result<Vec<LeafInfo>, EsError> {
+        Ok(active(leaves, &self.leaf_scales(leaves)?))
+    }
+
     /// What the programs do with each of `leaves` (in order): frozen, or perturbed and
     /// updated with its σ. Errors name the setting (the config key for an ES built from an
     /// [`EsSpec`]): a library tree with a missing or an extra leaf, a pattern that matches
@@ -586,4 +592,14 @@ pub(super) fn separable_noise(
             Noise::Dense(e.mul(&pq.broadcast_in_dim(&s, &[1, 2])?)?)
         }
     })
+}
+
+/// The leaves of `leaves` whose scale (`scales`, one per leaf) is not frozen, in order.
+pub(super) fn active(leaves: &[LeafInfo], scales: &[LeafScale]) -> Vec<LeafInfo> {
+    leaves
+        .iter()
+        .zip(scales)
+        .filter(|(_, s)| **s != LeafScale::Frozen)
+        .map(|(l, _)| l.clone())
+        .collect()
 }

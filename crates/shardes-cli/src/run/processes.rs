@@ -1,0 +1,400 @@
+//! `shardes run` as one of several processes (`mpirun -np P shardes run CONFIG`, built with
+//! the feature `mpi`; see `docs/cluster.md`).
+//!
+//! Every process loads the same config, builds the same problem and compiles its own
+//! programs; process 0 (the lead) alone owns the out directory (lock, metrics,
+//! checkpoints) and prints. The processes meet, in this order, at:
+//! 1. the config: a hash of each process's resolved config, compared (exit 2 on every
+//!    process if one differs);
+//! 2. the split: `es.n` must divide by processes × devices × pairing (every process refuses
+//!    it alike, exit 2);
+//! 3. the start: the lead's start generation and parameters (a resumed checkpoint, written
+//!    by any process count) broadcast to the others;
+//! 4. each generation: a stop check (a signal seen by any process stops them all after the
+//!    same generation), then the generation itself (fitness gather, and the update
+//!    exchange under `how_hosts = B`);
+//! 5. every [`PARAM_CHECK_EVERY`] generations, before every checkpoint and at the end: a
+//!    hash of the parameters, compared (a failure naming the generation if they differ).
+//!
+//! A process that fails on its own (the lead refusing the out directory, a process killed),
+//! and every process after a stop signal, exits without finalizing MPI; `mpirun` then stops the others and exits non-zero. A
+//! collective that waits longer than `SHARDES_MPI_TIMEOUT` seconds (default 600) ends its
+//! process too, for launchers that would leave the others waiting.
+//!
+//! The trajectory hash of a run across processes counts every process's devices
+//! (`processes × devices`), so a checkpoint written by 2 × 4 resumes under 1 × 8 and the
+//! other way round.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use shardes::distributed::{bytes_digest, Distributed, ProcessTrainer};
+use shardes::hlo::es::check_processes;
+use shardes::hlo::params::Array;
+use shardes::hlo::params::ParamTree;
+
+use super::engine::Engine;
+use super::finite;
+use super::signals::{Signal, Stop};
+use crate::config::{es_error, Config, ConfigError};
+use crate::setup::{self, Setup};
+
+/// Generations between two comparisons of the parameters across processes (besides every
+/// checkpoint and the end).
+pub const PARAM_CHECK_EVERY: u32 = 10;
+
+/// The default of `SHARDES_MPI_TIMEOUT`: the longest wait in one collective, in seconds.
+const DEFAULT_TIMEOUT_S: u64 = 600;
+
+/// Ends the process at once (no destructors racing the plugin's threads, no MPI finalize).
+fn die() -> ! {
+    signal_hook::low_level::exit(1)
+}
+
+/// `SHARDES_MPI_TIMEOUT` in seconds, or the default.
+fn timeout_secs() -> Result<u64> {
+    match std::env::var("SHARDES_MPI_TIMEOUT") {
+        Ok(v) => Ok(v
+            .trim()
+            .parse::<u64>()
+            .ok()
+            .filter(|&s| s > 0)
+            .ok_or_else(|| {
+                ConfigError::new(
+                    format!("SHARDES_MPI_TIMEOUT = {v:?} is not a whole number of seconds > 0"),
+                    format!("unset it (default {DEFAULT_TIMEOUT_S} s) or set it to e.g. 600"),
+                )
+            })?),
+        Err(_) => Ok(DEFAULT_TIMEOUT_S),
+    }
+}
+
+/// The group of processes a run is one of (one process unless started by an MPI launcher).
+pub struct Group {
+    /// `None` once finished.
+    dist: Option<Distributed>,
+    rank: usize,
+    size: usize,
+}
+
+impl Group {
+    /// The group this process was started in ([`Distributed::from_env`]), with the
+    /// collective timeout of `SHARDES_MPI_TIMEOUT`.
+    pub fn from_env() -> Result<Group> {
+        let dist = Distributed::from_env()
+            .map_err(|e| ConfigError::new(e.to_string(), "see docs/cluster.md"))?;
+        // The timeout matters (and is read) only between processes.
+        let dist = if dist.size() > 1 {
+            dist.with_timeout(Duration::from_secs(timeout_secs()?), die)
+        } else {
+            dist
+        };
+        Ok(Group {
+            rank: dist.rank(),
+            size: dist.size(),
+            dist: Some(dist),
+        })
+    }
+
+    /// The number of processes.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Whether this is process 0, which prints and writes the out directory.
+    pub fn is_lead(&self) -> bool {
+        self.rank == 0
+    }
+
+    /// The group's collectives (refused once the group has ended).
+    pub fn dist(&self) -> Result<&Distributed> {
+        self.dist
+            .as_ref()
+            .context("the processes already ended their group")
+    }
+
+    /// Ends the group on every process together (MPI is finalized); no collective after.
+    pub fn finish(&mut self) {
+        if let Some(d) = self.dist.take() {
+            d.finish();
+        }
+    }
+
+    /// Ends the group at the end of a run: together ([`Group::finish`]) after the last
+    /// generation, but not after a stop signal: the launcher is taking the job down then
+    /// (`mpirun` sends SIGTERM, then SIGKILL), and finalizing MPI while it does can wait
+    /// forever, holding the out directory's lock. Each process then just exits.
+    pub fn end(&mut self, finished: bool) {
+        if finished {
+            self.finish();
+        }
+    }
+
+    /// Returns `e` after ending the group: for a refusal every process reached alike, so
+    /// that each prints it before any exits.
+    fn refuse<T>(&mut self, e: impl Into<anyhow::Error>) -> Result<T> {
+        self.finish();
+        Err(e.into())
+    }
+
+    /// The trajectory hash of `config` run by this group: the config's own with `devices`
+    /// counting every process's, so that a checkpoint resumes under any split of the same
+    /// devices (one process: [`Config::trajectory_hash`] itself).
+    pub fn trajectory_hash(&self, config: &Config) -> String {
+        if self.size == 1 {
+            return config.trajectory_hash();
+        }
+        let mut all = config.clone();
+        all.devices = config.devices.saturating_mul(self.size);
+        all.trajectory_hash()
+    }
+
+    /// Refuses (on every process) unless every process was given the same config.
+    pub fn agree_config(&mut self, config: &Config) -> Result<()> {
+        if self.size == 1 {
+            return Ok(());
+        }
+        let text = toml::to_string(config).context("serializing the config")?;
+        let agreed = self
+            .dist()?
+            .agree("the config", bytes_digest(text.as_bytes()), "");
+        match agreed {
+            Ok(()) => Ok(()),
+            Err(e) => self.refuse(ConfigError::new(
+                format!(
+                    "process {}: {}",
+                    self.rank,
+                    e.to_string().trim_end_matches("; ")
+                ),
+                "start every process with the same config file and flags (mpirun -np P \
+                 shardes run CONFIG)",
+            )),
+        }
+    }
+
+    /// Refuses (on every process alike) a population that does not split over the
+    /// processes and their devices.
+    pub fn check_split(&mut self, config: &Config) -> Result<()> {
+        if self.size == 1 {
+            return Ok(());
+        }
+        let es = match config.es.build(config.devices) {
+            Ok(es) => es,
+            Err(e) => return self.refuse(es_error(e)),
+        };
+        let strategy = config.es.strategy.to_string();
+        match check_processes(
+            config.es.n,
+            self.size,
+            config.devices,
+            es.strategy().pairing(),
+            &strategy,
+        ) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                let (message, fix) = (e.message(), e.fix().unwrap_or_default());
+                self.refuse(ConfigError::new(
+                    format!("process {} of {}: {message}", self.rank, self.size),
+                    fix,
+                ))
+            }
+        }
+    }
+
+    /// What `config` needs on this process: the ES over every process's devices, the
+    /// problem, and a client with this process's devices.
+    pub fn setup(&self, config: &Config) -> Result<Setup> {
+        if self.size == 1 {
+            return setup::build(config);
+        }
+        let one_process = |what: &str| {
+            ConfigError::new(
+                format!(
+                    "{what} runs on one process; this is one of {} processes",
+                    self.size
+                ),
+                "run it without mpirun (one process with all its devices)",
+            )
+        };
+        if config.task.is_some() {
+            return Err(one_process("a reward run ([task])").into());
+        }
+        let mut all = config.clone();
+        all.devices = config.devices * self.size;
+        let (es, problem, host) = setup::problem(&all)?;
+        if host.is_some() {
+            return Err(one_process("a MuJoCo run ([problem] mjcf)").into());
+        }
+        let client = setup::client(config)?;
+        Ok(Setup {
+            config: config.clone(),
+            es,
+            problem,
+            client,
+            decode: None,
+            host: None,
+        })
+    }
+
+    /// The lead's start generation and parameters on every process (the lead passes its
+    /// own; the others pass theirs, which only give the tree's shape).
+    pub fn share_start(&self, start: u32, params: ParamTree) -> Result<(u32, ParamTree)> {
+        if self.size == 1 {
+            return Ok((start, params));
+        }
+        let dist = self.dist()?;
+        let bytes = dist.broadcast_bytes(start.to_le_bytes().to_vec())?;
+        let start = <[u8; 4]>::try_from(bytes.as_slice())
+            .map(u32::from_le_bytes)
+            .map_err(|_| anyhow::anyhow!("the start generation did not arrive"))?;
+        let params = dist.broadcast_params(&params)?;
+        Ok((start, params))
+    }
+
+    /// This process's engine in a run across processes: the [`ProcessTrainer`] (placed
+    /// by `es.how_hosts`), refusing what does not run across processes yet.
+    pub fn engine(&self, s: &Setup, params: &ParamTree, start: u32) -> Result<Engine> {
+        let p = &s.problem;
+        Ok(Engine::Processes(Box::new(ProcessTrainer::new(
+            &s.client,
+            &s.es,
+            &*p.model,
+            params,
+            p.key,
+            &p.batch,
+            start,
+            self.dist()?,
+            s.config.es.hosts_how(),
+        )?)))
+    }
+
+    /// The lead's optimizer state (its resumed checkpoint's, or zeros) on every process:
+    /// a collective under a stateful optimizer across processes, nothing otherwise.
+    pub fn share_optimizer(&self, engine: &mut Engine) -> Result<()> {
+        let Engine::Processes(t) = engine else {
+            return Ok(());
+        };
+        let mine = t.optimizer_state()?;
+        if self.size == 1 || mine.is_empty() {
+            return Ok(());
+        }
+        let bytes: Vec<u8> = mine
+            .iter()
+            .flat_map(|(_, a)| a.data().iter().flat_map(|x| x.to_le_bytes()))
+            .collect();
+        let bytes = self.dist()?.broadcast_bytes(bytes)?;
+        let mut values = bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+        let mut tensors = Vec::with_capacity(mine.len());
+        for (name, a) in &mine {
+            let data: Vec<f32> = values.by_ref().take(a.data().len()).collect();
+            if data.len() != a.data().len() {
+                anyhow::bail!(
+                    "process 0's optimizer state ends before `{name}`; start every process with \
+                     the same config"
+                );
+            }
+            tensors.push((name.clone(), Array::new(a.shape().to_vec(), data)?));
+        }
+        t.set_optimizer_state(&tensors)?;
+        Ok(())
+    }
+
+    /// The stop signal of any process (the first in rank order), the same on every
+    /// process: all stop after the same generation.
+    pub fn stop(&self, stop: &Stop) -> Result<Option<Signal>> {
+        let mine = stop.received();
+        if self.size == 1 {
+            return Ok(mine);
+        }
+        let code = mine.map_or(0, |s| s.0 as u64);
+        let all = self.dist()?.gather_u64(code)?;
+        Ok(all
+            .into_iter()
+            .find(|&c| c != 0)
+            .and_then(|c| i32::try_from(c).ok())
+            .map(Signal))
+    }
+
+    /// Compares the parameters across processes after `done` generations when a check is
+    /// due there ([`PARAM_CHECK_EVERY`], a checkpoint, or `last`); a failure names the
+    /// generation.
+    pub fn check(&self, engine: &Engine, done: u32, every: usize, last: bool) -> Result<()> {
+        let Engine::Processes(t) = engine else {
+            return Ok(());
+        };
+        let checkpoint = every > 0 && (done as usize).is_multiple_of(every);
+        if last || checkpoint || done.is_multiple_of(PARAM_CHECK_EVERY) {
+            t.check_params(self.dist()?, done)?;
+        }
+        Ok(())
+    }
+
+    /// A header line saying how the run is split, for a run across processes.
+    pub fn describe(&self, config: &Config) -> Option<String> {
+        (self.size > 1).then(|| {
+            format!(
+                "  processes {} × {} devices (members {} per process), how_hosts {}",
+                self.size,
+                config.devices,
+                config.es.n / self.size,
+                config.es.hosts_how()
+            )
+        })
+    }
+}
+
+/// A process other than the lead: the same steps as the lead's run, in the same order
+/// (see the module docs), without the out directory or any output. Returns the signal the
+/// group stopped on, if any.
+pub fn follow(
+    group: &mut Group,
+    config: &Config,
+    stop: &Stop,
+    total: u32,
+) -> Result<Option<Signal>> {
+    let s = group.setup(config)?;
+    let (start, params) = group.share_start(0, s.problem.params.clone())?;
+    if start >= total {
+        group.finish();
+        return Ok(None);
+    }
+    let mut engine = group.engine(&s, &params, start)?;
+    group.share_optimizer(&mut engine)?;
+    if let Some(sig) = group.stop(stop)? {
+        return Ok(Some(sig));
+    }
+    let every = config.run.checkpoint_every;
+    let mut outcome = None;
+    for g in start..total {
+        if let Some(sig) = group.stop(stop)? {
+            outcome = Some(sig);
+            break;
+        }
+        let fitness = engine
+            .step(group)
+            .with_context(|| format!("running generation {g}"))?
+            .fitness;
+        if let Some(bad) = finite::fitness(&fitness) {
+            return Err(finite::diverged_fitness(
+                (&config.es).into(),
+                g,
+                &bad,
+                None,
+                &config.run.out,
+            )
+            .into());
+        }
+        let done = g + 1;
+        if done < total {
+            group.check(&engine, done, every, false)?;
+        }
+    }
+    if outcome.is_none() {
+        outcome = group.stop(stop)?;
+    }
+    group.check(&engine, engine.generation(), every, true)?;
+    group.end(outcome.is_none());
+    Ok(outcome)
+}

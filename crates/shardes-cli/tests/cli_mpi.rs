@@ -1,0 +1,519 @@
+//! The multi-process tier (issue #17): `shardes` built with the feature `mpi`, started by
+//! Open MPI's `mpirun` on this machine, the processes talking over TCP on loopback, the CPU
+//! plugin on each. Run by `.ci/mpi-tier` (after the default tier):
+//! `cargo test --release -p shardes-cli --features mpi --test cli_mpi -- --test-threads=1`.
+//! Without the feature this file is empty.
+//!
+//! It checks: the quickstart on 2 × 4 prints the trajectory of 1 × 8 (the issue's "done
+//! when"); 2 × 4 and 4 × 2 give the same fitness and parameters bit for bit, for low rank
+//! and seed regenerated, `how_hosts` A and B, and agree with 1 × 8 within the device-count
+//! tolerance (1e-5 relative; bit for bit wherever one process's split programs have its
+//! fused program's bits, as for the quickstart: here seed regenerated's generation 0 differs
+//! in one member's last bit between the two on one process already); a checkpoint resumes under another process count on the same trajectory; processes
+//! given different configs are refused, as is `n` not divisible by processes × devices
+//! (by every process, exit 2); a killed process stops the others with a non-zero exit and
+//! the last checkpoint intact; SIGINT to `mpirun` checkpoints once. No timings are asserted.
+
+#![cfg(feature = "mpi")]
+
+mod common;
+
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// `mpirun -np NP shardes` on loopback: TCP between the processes (as between hosts),
+/// processes not bound to cores (2 cores here, up to 4 processes), root allowed (CI).
+fn mpirun(np: usize) -> Command {
+    let mut c = Command::new("mpirun");
+    c.args(["--oversubscribe", "--bind-to", "none"])
+        .args([
+            "--mca",
+            "btl",
+            "self,tcp",
+            "--mca",
+            "btl_tcp_if_include",
+            "lo",
+        ])
+        .args(["-np", &np.to_string(), env!("CARGO_BIN_EXE_shardes")])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    c
+}
+
+/// A small transformer_block run of `strategy` on `devices` devices per process.
+fn config(
+    out: &Path,
+    devices: usize,
+    strategy: &str,
+    how_hosts: &str,
+    generations: usize,
+    checkpoint_every: usize,
+) -> String {
+    format!(
+        r#"devices = {devices}
+[problem]
+name = "transformer_block"
+d_model = 16
+batch = 2
+seq = 4
+[es]
+strategy = "{strategy}"
+n = 32
+sigma = 0.01
+lr = 0.01
+how = "B"
+keep_noise_mib = 0
+how_hosts = "{how_hosts}"
+[run]
+seed = 3
+generations = {generations}
+out = "{}"
+checkpoint_every = {checkpoint_every}
+"#,
+        out.display()
+    )
+}
+
+/// Runs `shardes run CONFIG [extra]` on `np` processes (1: without mpirun) and returns its
+/// output after checking that it exited 0.
+fn run(np: usize, cfg: &Path, extra: &[&str]) -> Output {
+    let mut c = if np == 1 { bin() } else { mpirun(np) };
+    let o = c
+        .arg("run")
+        .arg(cfg)
+        .args(extra)
+        .output()
+        .expect("spawning the run");
+    exited(&o, 0);
+    o
+}
+
+/// The fitness of every generation (mean, min, max as logged) and the checkpoint's digest.
+fn trajectory(out: &Path) -> (Vec<[f64; 3]>, String) {
+    let m = metrics(out)
+        .iter()
+        .map(|m| [m.fitness_mean, m.fitness_min, m.fitness_max])
+        .collect();
+    let sha = state(out)["params_sha256"]
+        .as_str()
+        .expect("params_sha256")
+        .to_string();
+    (m, sha)
+}
+
+/// The parameters of `out`'s checkpoint, leaf by leaf.
+fn params(out: &Path) -> Vec<Vec<f32>> {
+    let p = shardes::io::read_params_inferred(out.join("params.safetensors")).unwrap();
+    p.leaves()
+        .into_iter()
+        .map(|(_, a)| a.data().to_vec())
+        .collect()
+}
+
+/// `‖a − b‖ / ‖b‖` of the worst leaf.
+fn worst_leaf(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| {
+            let d: f64 = x.iter().zip(y).map(|(u, v)| f64::from(u - v).powi(2)).sum();
+            let n: f64 = y.iter().map(|v| f64::from(*v).powi(2)).sum();
+            (d / n.max(f64::MIN_POSITIVE)).sqrt()
+        })
+        .fold(0.0, f64::max)
+}
+
+/// The `gen k/N fitness ...` lines of a run's output, without the timings.
+fn trajectory_lines(o: &Output) -> Vec<String> {
+    text(o)
+        .0
+        .lines()
+        .filter(|l| l.starts_with("gen "))
+        .map(|l| l.split(" | ").next().unwrap_or(l).to_string())
+        .collect()
+}
+
+#[test]
+fn the_quickstart_on_two_processes_prints_the_trajectory_of_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let quick = std::fs::read_to_string(repo().join("examples/quickstart.toml")).unwrap();
+    let with = |devices: &str, out: &str| {
+        let body = quick
+            .replace("devices = 8 ", &format!("devices = {devices} "))
+            .replace("generations = 30", "generations = 5")
+            .replace(
+                "out = \"runs/quickstart\"",
+                &format!("out = \"{}\"", dir.path().join(out).display()),
+            );
+        assert_ne!(body, quick);
+        write(dir.path(), &format!("{out}.toml"), &body)
+    };
+    let one = trajectory_lines(&run(1, &with("8", "one"), &[]));
+    assert_eq!(one.len(), 5);
+    let two = trajectory_lines(&run(2, &with("4", "two"), &[]));
+    assert_eq!(two, one);
+    assert_eq!(
+        trajectory(&dir.path().join("two")),
+        trajectory(&dir.path().join("one"))
+    );
+}
+
+#[test]
+fn processes_times_devices_give_the_trajectory_of_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    for strategy in ["mirrored(lowrank(r=1))", "seed_regenerated(chunk=4)"] {
+        let one = dir.path().join("one");
+        let cfg = write(
+            dir.path(),
+            "one.toml",
+            &config(&one, 8, strategy, "A", 3, 0),
+        );
+        run(1, &cfg, &["--force"]);
+        let (f1, p1) = (trajectory(&one).0, params(&one));
+        assert_eq!(f1.len(), 3);
+        let mut first: Option<(Vec<[f64; 3]>, String)> = None;
+        for (np, devices) in [(2, 4), (4, 2)] {
+            for hosts in ["A", "B"] {
+                let case = format!("{strategy}, {np} × {devices}, how_hosts {hosts}");
+                let out = dir.path().join(format!("p{np}{hosts}"));
+                let body = config(&out, devices, strategy, hosts, 3, 0);
+                let cfg = write(dir.path(), "many.toml", &body);
+                let o = run(np, &cfg, &["--force"]);
+                let (stdout, _) = text(&o);
+                // Only process 0 prints.
+                assert_eq!(stdout.matches("shardes run").count(), 1, "{case}: {stdout}");
+                assert!(
+                    stdout.contains(&format!("processes {np} × {devices} devices")),
+                    "{case}: {stdout}"
+                );
+                let got = trajectory(&out);
+                for (g, (a, b)) in got.0.iter().zip(&f1).enumerate() {
+                    for (x, y) in a.iter().zip(b) {
+                        assert!((x - y).abs() <= 1e-5 * y.abs(), "{case}: generation {g}");
+                    }
+                }
+                let d = worst_leaf(&params(&out), &p1);
+                assert!(d <= 1e-5, "{case}: parameters differ from 1 × 8 by {d:e}");
+                match &first {
+                    None => first = Some(got),
+                    Some(f) => assert_eq!(&got, f, "{case}: bit for bit as 2 × 4, how_hosts A"),
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_checkpoint_resumes_under_another_process_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = "mirrored(lowrank(r=1))";
+    let reference = dir.path().join("ref");
+    run(
+        1,
+        &write(dir.path(), "ref.toml", &config(&reference, 8, s, "A", 6, 3)),
+        &[],
+    );
+    let want = trajectory(&reference);
+    // 2 × 4 for three generations, then 1 × 8 for the other three; and 1 × 8 then 4 × 2.
+    for (first, second) in [((2, 4), (1, 8)), ((1, 8), (4, 2))] {
+        let out = dir.path().join(format!("r{}{}", first.0, second.0));
+        let a = write(dir.path(), "a.toml", &config(&out, first.1, s, "A", 3, 3));
+        run(first.0, &a, &[]);
+        assert_eq!(state(&out)["generation"], 3);
+        let b = write(dir.path(), "b.toml", &config(&out, second.1, s, "A", 6, 3));
+        let o = run(second.0, &b, &["--resume"]);
+        assert!(
+            text(&o).0.contains("resuming at generation 3"),
+            "{first:?} then {second:?}"
+        );
+        assert_eq!(trajectory(&out), want, "{first:?} then {second:?}");
+    }
+}
+
+#[test]
+fn adam_state_resumes_under_another_process_count() {
+    // The checkpoint's optimizer state (adam's moments) reaches every process on resume:
+    // a follower left with zeros would hold other parameters, which the hash comparison
+    // at the end refuses. adam's step is its own program across processes, so the
+    // trajectory matches one process to the device-count tolerance, 1e-5 relative.
+    let dir = tempfile::tempdir().unwrap();
+    let s = "mirrored(lowrank(r=1))";
+    let adam = |c: String| c.replace("how = \"B\"", "how = \"B\"\noptimizer = \"adam\"");
+    let reference = dir.path().join("ref");
+    run(
+        1,
+        &write(
+            dir.path(),
+            "ref.toml",
+            &adam(config(&reference, 8, s, "B", 6, 3)),
+        ),
+        &[],
+    );
+    let out = dir.path().join("resumed");
+    let a = write(dir.path(), "a.toml", &adam(config(&out, 8, s, "B", 3, 3)));
+    run(1, &a, &[]);
+    let b = write(dir.path(), "b.toml", &adam(config(&out, 4, s, "B", 6, 3)));
+    let o = run(2, &b, &["--resume"]);
+    assert!(text(&o).0.contains("resuming at generation 3"));
+    assert_eq!(state(&out)["generation"], 6);
+    let diff = worst_leaf(&params(&out), &params(&reference));
+    assert!(
+        diff <= 1e-5,
+        "parameters after resuming adam under 2 × 4: {diff:e}"
+    );
+    let (got, want) = (trajectory(&out).0, trajectory(&reference).0);
+    for (g, (x, y)) in got.iter().zip(&want).enumerate() {
+        for (u, v) in x.iter().zip(y) {
+            assert!(
+                (u - v).abs() <= 1e-5 * v.abs().max(1.0),
+                "generation {g}: {x:?} vs {y:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn processes_given_different_configs_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let a = write(
+        dir.path(),
+        "a.toml",
+        &config(&out, 4, "mirrored(lowrank(r=1))", "A", 3, 0),
+    );
+    let b = write(
+        dir.path(),
+        "b.toml",
+        &config(&out, 4, "mirrored(lowrank(r=1))", "A", 3, 0)
+            .replace("sigma = 0.01", "sigma = 0.02"),
+    );
+    // One process with each config (mpirun's MPMD form).
+    let mut c = mpirun(1);
+    c.arg("run")
+        .arg(&a)
+        .arg(":")
+        .args(["-np", "1", env!("CARGO_BIN_EXE_shardes")]);
+    let o = c.arg("run").arg(&b).output().expect("spawning mpirun");
+    let (_, stderr) = exited(&o, 2);
+    for rank in [0, 1] {
+        let line = format!("error: process {rank}: the processes disagree on the config");
+        assert!(stderr.contains(&line), "no {line:?} in {stderr}");
+    }
+    assert!(
+        stderr.contains("hint: start every process with the same config"),
+        "{stderr}"
+    );
+    assert!(!out.exists(), "nothing written");
+}
+
+#[test]
+fn a_population_that_does_not_split_is_refused_by_every_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    // 40 members: a multiple of 4 devices × pairing 2, not of 2 processes × 4 × 2.
+    let text = config(&out, 4, "mirrored(lowrank(r=1))", "A", 3, 0).replace("n = 32", "n = 40");
+    let cfg = write(dir.path(), "c.toml", &text);
+    let o = mpirun(2)
+        .arg("run")
+        .arg(&cfg)
+        .output()
+        .expect("spawning mpirun");
+    let (_, stderr) = exited(&o, 2);
+    for rank in [0, 1] {
+        let line = format!(
+            "error: process {rank} of 2: es.n = 40 is not divisible by processes (2) × devices \
+             (4) × pairing (2 for mirrored(lowrank(r=1)))"
+        );
+        assert!(stderr.contains(&line), "no {line:?} in {stderr}");
+    }
+    assert!(
+        stderr.contains("hint: set es.n to a multiple of 16, e.g. 32 or 48"),
+        "{stderr}"
+    );
+    assert!(!out.exists(), "nothing written");
+}
+
+/// A long run of 2 × 4 processes writing a checkpoint every 2 generations, started.
+fn long_run(dir: &Path, out: &Path) -> Child {
+    let cfg = write(
+        dir,
+        "long.toml",
+        &config(out, 4, "mirrored(lowrank(r=1))", "B", 1_000_000, 2),
+    );
+    mpirun(2)
+        .arg("run")
+        .arg(cfg)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawning mpirun")
+}
+
+/// The pids of `mpirun`'s children that are MPI rank `rank` (from their environment).
+fn rank_pid(mpirun: u32, rank: usize) -> Option<i32> {
+    let want = format!("OMPI_COMM_WORLD_RANK={rank}");
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // The parent pid is the fourth field, after the parenthesized command name.
+        let ppid: u32 = stat
+            .rsplit(')')
+            .next()?
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()?;
+        let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+        let env = String::from_utf8_lossy(&env);
+        (ppid == mpirun && env.split('\0').any(|v| v == want)).then_some(pid)
+    })
+}
+
+/// Waits up to `limit` for `child` to exit.
+fn wait_at_most(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
+    let t0 = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().expect("waiting") {
+            return status;
+        }
+        assert!(t0.elapsed() < limit, "mpirun still runs after {limit:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Waits up to 60 s for process `pid` to be gone (or a zombie nobody reaps).
+fn gone(pid: i32) {
+    let t0 = Instant::now();
+    loop {
+        let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok();
+        let alive = state.is_some_and(|s| {
+            s.rsplit(')')
+                .next()
+                .and_then(|r| r.split_whitespace().next())
+                != Some("Z")
+        });
+        if !alive {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "process {pid} still runs"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The config of `out`'s run on one process with all 8 devices, for `generations`.
+fn one_process_resume(dir: &Path, out: &Path, generations: usize) -> std::path::PathBuf {
+    write(
+        dir,
+        "resume.toml",
+        &config(out, 8, "mirrored(lowrank(r=1))", "B", generations, 2),
+    )
+}
+
+#[test]
+fn a_killed_process_stops_the_others_and_the_last_checkpoint_is_intact() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let mut child = long_run(dir.path(), &out);
+    wait_until(&mut child, "two checkpoints", || {
+        std::fs::read_to_string(out.join("state.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|s| s["generation"].as_u64())
+            .is_some_and(|g| g >= 4)
+    });
+    let victim = rank_pid(child.id(), 1).expect("rank 1's pid");
+    let lead = rank_pid(child.id(), 0).expect("rank 0's pid");
+    // SAFETY: a plain kill(2) of a process this test started (through mpirun).
+    assert_eq!(unsafe { libc::kill(victim, libc::SIGKILL) }, 0);
+    let status = wait_at_most(&mut child, Duration::from_secs(120));
+    assert!(!status.success(), "mpirun exited {status}");
+    gone(lead);
+    // The checkpoint on disk verifies (its sha256, its pair) and continues.
+    let g = state(&out)["generation"].as_u64().expect("generation") as usize;
+    let cfg = one_process_resume(dir.path(), &out, g + 1);
+    let o = run(1, &cfg, &["--resume"]);
+    assert!(text(&o).0.contains(&format!("resuming at generation {g}")));
+    assert_eq!(state(&out)["generation"].as_u64(), Some(g as u64 + 1));
+}
+
+#[test]
+fn sigint_to_mpirun_checkpoints_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let mut child = long_run(dir.path(), &out);
+    wait_for_metrics(&out, 5, &mut child);
+    let ranks = [0, 1].map(|r| rank_pid(child.id(), r).expect("the processes' pids"));
+    let pid = i32::try_from(child.id()).expect("pid");
+    // SAFETY: a plain kill(2) of the mpirun this test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    let status = wait_at_most(&mut child, Duration::from_secs(120));
+    let o = child.wait_with_output().expect("output");
+    let (stdout, stderr) = text(&o);
+    assert!(!status.success(), "mpirun exited {status}");
+    ranks.into_iter().for_each(gone);
+    // mpirun turns SIGINT into SIGTERM for its processes: one stop, one checkpoint.
+    assert_eq!(
+        stdout
+            .matches("interrupted: checkpoint at generation")
+            .count(),
+        1,
+        "{stdout}\n{stderr}"
+    );
+    let g = state(&out)["generation"].as_u64().expect("generation");
+    assert!(
+        stdout.contains(&format!("interrupted: checkpoint at generation {g} in")),
+        "{stdout}"
+    );
+    assert_eq!(
+        metrics(&out).len() as u64,
+        g,
+        "one metrics line per generation run"
+    );
+    let cfg = one_process_resume(dir.path(), &out, g as usize + 1);
+    let o = run(1, &cfg, &["--resume"]);
+    assert!(text(&o).0.contains(&format!("resuming at generation {g}")));
+}
+
+#[test]
+fn bench_under_mpirun_times_the_phases_on_every_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write(
+        dir.path(),
+        "b.toml",
+        &config(
+            &dir.path().join("o"),
+            4,
+            "mirrored(lowrank(r=1))",
+            "A",
+            3,
+            0,
+        ),
+    );
+    let o = mpirun(2)
+        .args(["bench"])
+        .arg(&cfg)
+        .args(["--how-hosts", "AB", "--generations", "2", "--warmup", "1"])
+        .output()
+        .expect("spawning mpirun");
+    let (stdout, _) = exited(&o, 0);
+    assert_eq!(
+        stdout.matches("processes=2 × devices=4").count(),
+        1,
+        "{stdout}"
+    );
+    for phase in [
+        "local evaluation",
+        "fitness gather",
+        "update exchange",
+        "rest",
+    ] {
+        assert_eq!(stdout.matches(phase).count(), 2, "{phase} in {stdout}");
+    }
+    // 16 members of 4 bytes to the other process; B sends its partial sums too.
+    assert!(stdout.contains("fitness 64 B, update 0 B"), "{stdout}");
+}
