@@ -24,6 +24,7 @@ pub mod coupling;
 pub mod error;
 mod generation;
 pub mod layout;
+mod leaf_sigma;
 pub mod model;
 pub mod optimizer;
 pub mod outputs;

@@ -5,10 +5,10 @@
 use serde::{Deserialize, Serialize};
 
 use super::error::{invalid, EsError};
+use super::leaf_sigma::{LeafSettings, SigmaPatterns};
 use super::model::Model;
 use super::optimizer::{self, Optimizer, OptimizerSpec};
 use super::shaping::{Shaping, ShapingSpec};
-use super::sigma::{LeafSettings, SigmaPatterns};
 use super::spec::{How, StrategySpec};
 use super::strategy::{from_spec, LeafInfo, Strategy};
 
