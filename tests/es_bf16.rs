@@ -6,11 +6,15 @@
 //!   tells exactly that member's `bf16(ε)` back (exact: one nonzero term, `lr/(nσ)` = 1);
 //! - the update against the explicit-loop oracle `lr/(nσ) · Σ_i w_i s_i bf16(ε_i)` summed in
 //!   f64 on the host: within 1e-5 relative in norm per leaf (f32 accumulation on the
-//!   device; es_update's tolerance), while the oracle on the unrounded noise is off by more
-//!   than 1e-4 (so the rounding is what is measured);
-//! - 1 vs 8 devices under bf16: within es_gen0's 1e-5 relative in norm per leaf;
-//! - a bf16 transformer_block's fitness against the f32 run's: within 2e-2 relative per
-//!   member (bf16 keeps 8 significant bits), and not equal to it (bf16 is in effect);
+//!   device; es_update's tolerance; measured ≤ 9.4e-8), while the oracle on the unrounded
+//!   noise is off by more than 1e-4 (measured ≥ 9.2e-4), so the rounding is what is
+//!   measured;
+//! - 1 vs 8 devices under bf16: within es_gen0's 1e-5 relative in norm per leaf (measured
+//!   ≤ 7e-8 after 3 generations, the fitness bit-identical);
+//! - a bf16 transformer_block's fitness (the quickstart's generation 0) against the f32
+//!   run's: within 1e-3 relative per member (measured 1.5e-4: the matmuls run in bf16, the
+//!   residual stream, the input and the loss stay f32), and not equal to it (bf16 is in
+//!   effect);
 //! - the low-rank guarantee under bf16 on the optimized program, and f32 programs print as
 //!   they did without the setting.
 
@@ -362,7 +366,7 @@ fn a_bf16_transformer_block_is_within_bf16_precision_of_f32() {
         .map(|(a, b)| (a - b).abs() / a.abs())
         .fold(0.0f32, f32::max);
     println!("quickstart fitness, bf16 vs f32: max rel {worst:e}");
-    assert!(worst <= 2e-2, "bf16 fitness off the f32 run by {worst:e}");
+    assert!(worst <= 1e-3, "bf16 fitness off the f32 run by {worst:e}");
     assert!(
         worst > 1e-5,
         "bf16 fitness equals f32's ({worst:e}): bf16 not in effect"

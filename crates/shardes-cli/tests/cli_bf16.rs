@@ -44,6 +44,7 @@ fn a_bf16_run_trains_and_differs_from_the_f32_run() {
         rel > 0.0,
         "the bf16 run followed the f32 trajectory exactly"
     );
+    // bf16 keeps 8 significant bits; three generations apart, the mean loss stays close.
     assert!(rel < 2e-2, "the bf16 run is {rel:e} off the f32 run");
 }
 

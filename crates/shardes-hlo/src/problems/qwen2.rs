@@ -295,8 +295,9 @@ impl Qwen2 {
     }
 
     /// Runs the forward in `dtype` (parameters and noise stay f32 in the master). Under an
-    /// ES the ES's compute dtype ([`crate::es::ShardedES::with_compute_dtype`]) also sets it,
-    /// and rounds the noise once so `apply` and `tell` see the same bf16 noise.
+    /// ES prefer [`crate::es::ShardedES::with_compute_dtype`], which runs this forward in
+    /// bf16 too and rounds the noise once, so `apply` and `tell` see the same bf16 noise;
+    /// set here alone, the forward rounds each perturbed weight itself.
     pub fn with_compute_dtype(mut self, dtype: DType) -> Self {
         self.compute_dtype = dtype;
         self
