@@ -78,3 +78,52 @@ fn the_fitness_stays_f32_under_bf16() {
     assert!(matches!(err, EsError::NarrowFitness { .. }), "{err}");
     assert!(err.to_string().contains("bf16"), "{err}");
 }
+
+#[test]
+fn every_example_model_emits_a_bf16_forward() {
+    use shardes_hlo::problems::control::{host::PolicyStep, Control, Env};
+    use shardes_hlo::problems::quadratic::Quadratic;
+    use shardes_hlo::problems::transformer_block::TransformerBlock;
+    let es = es(DType::BF16);
+    let check = |name: &str, text: String| {
+        assert!(text.contains("xbf16>"), "{name}: no bf16 value");
+        assert!(text.contains("dot_general"), "{name}: no contraction");
+    };
+    let tb = TransformerBlock {
+        d_model: 8,
+        batch: 2,
+        seq: 4,
+    };
+    let leaves = leaf_infos(&tb.init(key(0).unwrap()).unwrap());
+    check(
+        "transformer_block",
+        es.generation_program(&tb, &leaves)
+            .unwrap()
+            .module
+            .to_mlir(),
+    );
+    let control = Control::new(Env::Pendulum, 2, 5, &[4]).unwrap();
+    let leaves = leaf_infos(&control.init(key(0).unwrap()).unwrap());
+    check(
+        "control",
+        es.generation_program(&control, &leaves)
+            .unwrap()
+            .module
+            .to_mlir(),
+    );
+    // The host-simulated policy's actions stay the declared f32.
+    let step = PolicyStep::new(&control.widths(), 8, 2).unwrap();
+    check(
+        "policy step",
+        es.outputs_program(&step, &leaves).unwrap().module.to_mlir(),
+    );
+    let quad = Quadratic::new(4, 3, 10.0).unwrap();
+    let leaves = leaf_infos(&quad.init().unwrap());
+    check(
+        "quadratic",
+        es.generation_program(&quad, &leaves)
+            .unwrap()
+            .module
+            .to_mlir(),
+    );
+}
