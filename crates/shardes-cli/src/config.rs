@@ -11,6 +11,7 @@ use shardes::hlo::es::{
     EsError, EsSpec, How, OptimizerName, ShapingSpec, SpecError, StrategySpec, OPTIMIZER_NAMES,
 };
 
+mod dtype;
 mod problem;
 mod task;
 pub use problem::{control, control_mjcf, quadratic, transformer_block};
@@ -352,6 +353,7 @@ pub(crate) const ES_KEYS: &[&str] = &[
     "sigma_separable",
     "sigma_leaves",
     "how_hosts",
+    "compute_dtype",
 ];
 pub(crate) const RUN_KEYS: &[&str] = &[
     "seed",
@@ -633,6 +635,7 @@ impl Config {
         if let Some(toml::Value::Table(t)) = table.get("es") {
             check_es_table(t)?;
             sigma::check_es_table(t)?;
+            dtype::check_es_table(t)?;
         }
         for (name, v) in [("task", table.get("task")), ("eval", table.get("eval"))] {
             match v {
@@ -684,6 +687,7 @@ impl Config {
             }
         }
         self.es.build(self.devices).map_err(es_error)?;
+        self.compute_dtype()?;
         Ok(())
     }
 

@@ -263,6 +263,12 @@ fn doc(section: &str, key: &str, problem: &str) -> Option<(String, Option<String
              \"A\".",
             "\"B\"",
         ),
+        ("es", "compute_dtype") => e(
+            "The dtype every model's forward runs in: \"f32\" or \"bf16\" (on the f32 master \
+             weights; the noise is rounded to bf16 once, so apply and tell see the same; the \
+             fitness and the update stay f32). Default: \"f32\".",
+            "\"bf16\"",
+        ),
         ("run", "seed") => d("The run's PRNG key is key(seed); the parameters, the batch and the noise derive from it."),
         ("run", "generations") => d("Generations to run."),
         ("run", "out") => d(
@@ -371,11 +377,13 @@ fn keys(section: &str, problem: &str, task: Option<&str>) -> Vec<&'static str> {
                 .chain(own.iter().copied().filter(|k| !forced(k)))
                 .collect()
         }
-        // A reward run steps with sgd only: no optimizer key to offer.
+        // A reward run steps with sgd only: no optimizer key to offer. A qwen2 starter sets
+        // its dtype as problem.compute_dtype, the same setting.
         "es" => config::ES_KEYS
             .iter()
             .copied()
             .filter(|k| task.is_none() || *k != "optimizer")
+            .filter(|k| problem != "qwen2" || *k != "compute_dtype")
             .collect(),
         _ => config::RUN_KEYS.to_vec(),
     }

@@ -48,7 +48,13 @@ pub struct Setup {
 /// [`EsSpec::build`](shardes::hlo::es::EsSpec::build), whose errors name the `[es]` key.
 /// The model's member bytes come with the program ([`ShardedES::member_chunk_for`]).
 pub fn es(config: &Config) -> anyhow::Result<ShardedES> {
-    let es = config.es.build(config.devices).map_err(es_error)?;
+    let es = config
+        .es
+        .build(config.devices)
+        .map_err(es_error)?
+        // es.compute_dtype, or a qwen2 problem's compute_dtype.
+        .with_compute_dtype(config.compute_dtype()?)
+        .map_err(es_error)?;
     Ok(crate::config::sigma::with_separable(es, &config.es)?)
 }
 
@@ -87,7 +93,10 @@ impl Described {
                 batch,
                 seq,
             } => Described::TransformerBlock(transformer_block(*d_model, *batch, *seq)),
-            ProblemConfig::Qwen2 { .. } => Described::Qwen2(qwen2_source(&config.problem)?),
+            ProblemConfig::Qwen2 { .. } => Described::Qwen2(Qwen2Source {
+                compute_dtype: config.compute_dtype()?,
+                ..qwen2_source(&config.problem)?
+            }),
             ProblemConfig::Control { .. } => {
                 match control_mjcf(&config.problem, config.es.shaping)? {
                     Some(m) => Described::Mjcf(m, config.es.n),
@@ -365,10 +374,7 @@ pub fn decoding_problem(
     config: &Config,
 ) -> anyhow::Result<(Problem, shardes::decode::LoadedQwen2)> {
     let ProblemConfig::Qwen2 {
-        checkpoint,
-        size,
-        compute_dtype,
-        ..
+        checkpoint, size, ..
     } = &config.problem
     else {
         anyhow::bail!("a [task] needs a qwen2 problem");
@@ -384,10 +390,8 @@ pub fn decoding_problem(
             .into())
         }
     };
-    let dtype = match compute_dtype.as_deref() {
-        Some("bf16") => DType::BF16,
-        _ => DType::F32,
-    };
+    // es.compute_dtype, or the problem's compute_dtype.
+    let dtype = config.compute_dtype()?;
     let mut loaded =
         shardes::decode::load_qwen2(&weights, dtype, config.run.seed).map_err(problem_error)?;
     let params = std::mem::replace(

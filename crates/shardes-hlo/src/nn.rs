@@ -9,6 +9,12 @@
 //! own, so a model cannot densify a structured weight by accident.
 //!
 //! Weights are stored `(out, in)`: `dense(x, W) = x · Wᵀ`, `embed(E, ids) = E[ids]`.
+//!
+//! Precision: the seams compute in the weight's dtype (an input of another float dtype is
+//! rounded to it), and an elementwise op between float activations of different widths
+//! promotes to the wider (as JAX does). Under the ES's bf16 compute dtype every weight is
+//! bf16 ([`Weight::convert`]), so the contractions run in bf16 while an f32 input, target
+//! or residual keeps its precision where it meets them.
 
 use crate::builder::{broadcast_shape, DType, DotDims, HloError, Result, Value};
 
@@ -50,6 +56,36 @@ impl Weight {
             Weight::Members(w) => Some(w.shape()[0]),
             Weight::LowRank { scale, .. } => Some(scale.shape()[0]),
         }
+    }
+
+    /// The element type the seams compute in (a low-rank weight's base's).
+    pub fn dtype(&self) -> DType {
+        match self {
+            Weight::Plain(w) | Weight::Members(w) | Weight::LowRank { base: w, .. } => w.dtype(),
+        }
+    }
+
+    /// The same weight in `dtype`: each value converted on its own (a low-rank weight's
+    /// base, factors and scale, never their product). The identity, with no op, when the
+    /// weight has that dtype already.
+    pub fn convert(&self, dtype: DType) -> Result<Weight> {
+        let c = |v: &Value| -> Result<Value> {
+            if v.dtype() == dtype {
+                Ok(v.clone())
+            } else {
+                v.convert(dtype)
+            }
+        };
+        Ok(match self {
+            Weight::Plain(v) => Weight::Plain(c(v)?),
+            Weight::Members(v) => Weight::Members(c(v)?),
+            Weight::LowRank { base, a, b, scale } => Weight::LowRank {
+                base: c(base)?,
+                a: c(a)?,
+                b: c(b)?,
+                scale: c(scale)?,
+            },
+        })
     }
 }
 
@@ -131,6 +167,25 @@ impl Act {
         self.v.dtype()
     }
 
+    /// The same activation in `dtype` (the identity, with no op, when it has it already).
+    pub fn convert(&self, dtype: DType) -> Result<Act> {
+        if self.dtype() == dtype {
+            return Ok(self.clone());
+        }
+        self.map(|v| v.convert(dtype))
+    }
+
+    /// `self` and `other` in one float dtype, the wider of the two (JAX's promotion of a
+    /// bf16 and an f32 operand); anything else as it is, for the op to check.
+    fn promoted(&self, other: &Act) -> Result<(Act, Act)> {
+        let (a, b) = (self.dtype(), other.dtype());
+        if a == b || !a.is_float() || !b.is_float() || a.bits() == b.bits() {
+            return Ok((self.clone(), other.clone()));
+        }
+        let wide = if a.bits() > b.bits() { a } else { b };
+        Ok((self.convert(wide)?, other.convert(wide)?))
+    }
+
     /// The shape one member sees.
     pub fn logical_shape(&self) -> &[i64] {
         match self.members {
@@ -195,10 +250,12 @@ impl Act {
     }
 
     /// Combines two activations elementwise with numpy broadcasting of the logical shapes.
+    /// Float operands of different widths are promoted to the wider first.
     pub fn zip(&self, other: &Act, f: impl FnOnce(&Value, &Value) -> Result<Value>) -> Result<Act> {
-        let (c, shape) = self.common(other, "Act::zip")?;
-        let a = self.align(c, &shape)?;
-        let b = other.align(c, &shape)?;
+        let (x, y) = self.promoted(other)?;
+        let (c, shape) = x.common(&y, "Act::zip")?;
+        let a = x.align(c, &shape)?;
+        let b = y.align(c, &shape)?;
         Ok(Act {
             v: f(&a, &b)?,
             members: c,
@@ -382,8 +439,16 @@ fn unflatten(v: Value, c: Option<i64>, lead: &[i64], m: i64) -> Result<Act> {
 }
 
 /// `dense(x, W) = x · Wᵀ` for `W` stored `(out, in)`; `x` has logical shape `[.., in]`.
+/// Computed in `W`'s dtype: a float `x` of another dtype is rounded to it first.
 pub fn dense(x: &Act, w: &Weight) -> Result<Act> {
     let op = "nn::dense";
+    let cast;
+    let x = if x.dtype() != w.dtype() && x.dtype().is_float() && w.dtype().is_float() {
+        cast = x.convert(w.dtype())?;
+        &cast
+    } else {
+        x
+    };
     let [m, k] = w.matrix_shape();
     let l = x.logical_shape();
     if l.last() != Some(&k) {

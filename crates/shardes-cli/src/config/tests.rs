@@ -28,7 +28,7 @@ fn every_listed_es_and_run_key_deserializes() {
         "how = \"B\"",
         "how = \"B\"\nmember_chunk = 8\nkeep_noise_mib = 4\noptimizer = { name = \"adam\", b1 = 0.8 }\n\
          freeze = [\"w*\"]\nsigma_separable = \"sigma.safetensors\"\nhow_hosts = \"B\"\n\
-         sigma_leaves = { \"b*\" = 0.02 }",
+         sigma_leaves = { \"b*\" = 0.02 }\ncompute_dtype = \"bf16\"",
     );
     let text = text.replace(
         "checkpoint_every = 10",

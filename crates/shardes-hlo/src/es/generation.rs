@@ -17,6 +17,7 @@ use super::error::{invalid, EsError};
 use super::layout::{Layout, ProgramArgs, ProgramResults};
 use super::model::{Leaf, Model, ModelParams};
 use super::optimizer::{OptimizerKind, Scales};
+use super::precision;
 use super::settings::ShardedES;
 use super::sigma::{self, Emission, LeafScale, LeafSigma, Perturb, Step};
 use super::spec::How;
@@ -323,7 +324,7 @@ impl<'a> Emitter<'a> {
             };
             out.push((leaf.path.clone(), entry));
         }
-        Ok(ModelParams::new(out))
+        ModelParams::new(out).with_compute_dtype(self.es.compute_dtype())
     }
 
     /// The loss of a chunk as `f32[c]` or `f32[c, g]`, refusing narrow fitness.
@@ -393,7 +394,11 @@ impl<'a> Emitter<'a> {
                 .iter()
                 .map(|n| Ok(n.dynamic_rows(start, d)?))
                 .collect(),
-            None => materialize(self.es.strategy.noise_all(streams, leaves, dirs)?),
+            // Rounded to the compute dtype once, here, so `apply` and `tell` see one noise.
+            None => materialize(precision::round_noise(
+                self.es.strategy.noise_all(streams, leaves, dirs)?,
+                self.es.compute_dtype(),
+            )?),
         }
     }
 

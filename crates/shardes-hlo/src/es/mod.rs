@@ -13,6 +13,8 @@
 //! - [`layout`]: [`Layout`], the argument and result order of every program;
 //! - [`outputs`]: [`MemberOutputs`] (per-member outputs instead of a loss) and the outputs
 //!   program;
+//! - [`precision`]: [`ComputeDtype`], the dtype every model's forward runs in (`bf16` on f32
+//!   masters, the noise rounded once for `apply` and `tell`);
 //! - [`optimizer`]: [`Optimizer`], how `tell` steps on the ES gradient (sgd, momentum, adam,
 //!   clipup), and [`OptimizerSpec`], its config form;
 //! - [`program`]: the programs ([`ShardedES::generation_program`] and the others);
@@ -28,6 +30,7 @@ mod leaf_sigma;
 pub mod model;
 pub mod optimizer;
 pub mod outputs;
+pub mod precision;
 pub mod processes;
 pub mod program;
 pub mod settings;
@@ -42,6 +45,7 @@ pub use layout::{Layout, ProgramArgs, ProgramKind, ProgramResults};
 pub use model::{check_model, leaf_infos, Access, Finding, Model, ModelParams};
 pub use optimizer::{Optimizer, OptimizerKind, OptimizerName, OptimizerSpec, OPTIMIZER_NAMES};
 pub use outputs::{AsModel, MemberInfo, MemberOutputs, WithTasks, SAMPLE_TAG};
+pub use precision::{ComputeDtype, COMPUTE_DTYPE_NAMES};
 pub use processes::{check_processes, Part};
 pub use program::Program;
 pub use settings::{

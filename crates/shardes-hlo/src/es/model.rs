@@ -4,7 +4,7 @@
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 
-use crate::builder::{Func, TensorType, Value};
+use crate::builder::{DType, Func, TensorType, Value};
 use crate::nn::{Act, Weight};
 use crate::params::ParamTree;
 
@@ -58,6 +58,7 @@ pub(crate) enum Leaf {
 pub struct ModelParams {
     leaves: BTreeMap<String, Leaf>,
     access: RefCell<BTreeMap<String, Vec<Access>>>,
+    dtype: DType,
 }
 
 impl ModelParams {
@@ -65,7 +66,42 @@ impl ModelParams {
         ModelParams {
             leaves: leaves.into_iter().collect(),
             access: RefCell::new(BTreeMap::new()),
+            dtype: DType::F32,
         }
+    }
+
+    /// Every leaf converted to `dtype` (the ES's compute dtype, [`crate::es::precision`]):
+    /// weights through [`Weight::convert`] (a low-rank weight's base, factors and scale
+    /// one by one, so nothing is multiplied out), other leaves elementwise. `F32` (or the
+    /// dtype the leaves have) converts nothing. Models read the dtype back with
+    /// [`ModelParams::compute_dtype`].
+    pub fn with_compute_dtype(self, dtype: DType) -> Result<Self, EsError> {
+        if dtype == self.dtype {
+            return Ok(self);
+        }
+        let leaves = self
+            .leaves
+            .into_iter()
+            .map(|(path, leaf)| {
+                let leaf = match leaf {
+                    Leaf::Matrix(w) => Leaf::Matrix(w.convert(dtype)?),
+                    Leaf::Dense(a) => Leaf::Dense(a.convert(dtype)?),
+                };
+                Ok((path, leaf))
+            })
+            .collect::<Result<_, EsError>>()?;
+        Ok(ModelParams {
+            leaves,
+            access: self.access,
+            dtype,
+        })
+    }
+
+    /// The dtype the leaves are given in: `F32`, or the ES's compute dtype
+    /// ([`crate::es::ShardedES::with_compute_dtype`]). A model whose activations have
+    /// their own dtype (Qwen2's) follows it.
+    pub fn compute_dtype(&self) -> DType {
+        self.dtype
     }
 
     /// Unperturbed parameters (2-D leaves as [`Weight::Plain`], others shared), for

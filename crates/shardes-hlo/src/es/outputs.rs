@@ -319,6 +319,7 @@ impl OutputsEmitter<'_> {
                             .map(|(l, v)| (l.path.clone(), v.clone()))
                             .collect(),
                     )
+                    .with_compute_dtype(self.es.compute_dtype())?
                 };
                 let info = MemberInfo {
                     keys: sample.fold_in(&ids_c)?,

@@ -145,6 +145,7 @@ impl ShardedES {
             // Never steps: the inference program has no tell.
             optimizer: Optimizer::sgd(),
             leaf_sigma: Default::default(),
+            compute_dtype: self.compute_dtype,
         };
         zero.ask_apply_program(model, leaves)
     }

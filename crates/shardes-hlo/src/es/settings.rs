@@ -8,6 +8,7 @@ use super::error::{invalid, EsError};
 use super::leaf_sigma::{LeafSettings, SigmaPatterns};
 use super::model::Model;
 use super::optimizer::{self, Optimizer, OptimizerSpec};
+use super::precision::ComputeDtype;
 use super::shaping::{Shaping, ShapingSpec};
 use super::spec::{How, StrategySpec};
 use super::strategy::{from_spec, LeafInfo, Strategy};
@@ -26,6 +27,7 @@ pub struct ShardedES {
     pub(super) keep_noise_bytes: usize,
     pub(super) optimizer: Optimizer,
     pub(super) leaf_sigma: LeafSettings,
+    pub(super) compute_dtype: ComputeDtype,
 }
 
 impl std::fmt::Debug for ShardedES {
@@ -43,6 +45,7 @@ impl std::fmt::Debug for ShardedES {
             .field("keep_noise_bytes", &self.keep_noise_bytes)
             .field("optimizer", &self.optimizer)
             .field("leaf_sigma", &self.leaf_sigma)
+            .field("compute_dtype", &self.compute_dtype)
             .finish()
     }
 }
@@ -107,7 +110,22 @@ impl ShardedES {
             keep_noise_bytes: KEEP_NOISE_BYTES,
             optimizer: Optimizer::sgd(),
             leaf_sigma: LeafSettings::default(),
+            compute_dtype: ComputeDtype::F32,
         })
+    }
+
+    /// Runs every model's forward in `dtype` on the f32 master parameters: `F32` (the
+    /// default, today's programs) or `BF16` (the noise rounded to bf16 once, so `apply` and
+    /// `tell` see the same bits; the fitness and the update stay f32; [`super::precision`]).
+    /// Any other dtype is refused.
+    pub fn with_compute_dtype(mut self, dtype: crate::builder::DType) -> Result<Self, EsError> {
+        self.compute_dtype = ComputeDtype::of(dtype)?;
+        Ok(self)
+    }
+
+    /// The dtype every model's forward runs in ([`ShardedES::with_compute_dtype`]).
+    pub fn compute_dtype(&self) -> crate::builder::DType {
+        self.compute_dtype.dtype()
     }
 
     /// Replaces the optimizer on the ES gradient (default [`Optimizer::sgd`], today's
@@ -556,6 +574,11 @@ pub struct EsSpec {
     /// Per-leaf σ by glob pattern, first match wins (`es.sigma` for the rest; last: a table).
     #[serde(default, skip_serializing_if = "SigmaPatterns::is_empty")]
     pub sigma_leaves: SigmaPatterns,
+    /// The dtype every model's forward runs in, `f32` (default) or `bf16`
+    /// ([`ShardedES::with_compute_dtype`]; left out when unset, so configs without it keep
+    /// their hash).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_dtype: Option<ComputeDtype>,
 }
 
 fn default_strategy() -> StrategySpec {
@@ -579,6 +602,7 @@ impl EsSpec {
             sigma_separable: None,
             sigma_leaves: SigmaPatterns::default(),
             how_hosts: None,
+            compute_dtype: None,
         }
     }
 
@@ -626,6 +650,7 @@ impl EsSpec {
             keep_noise_bytes: self.keep_noise_bytes(),
             optimizer,
             leaf_sigma: self.leaf_settings()?,
+            compute_dtype: self.compute_dtype.unwrap_or_default(),
         };
         // A chunk that is set (by es.member_chunk or the strategy's chunk = C) must divide
         // the members per device; checked here, before any program is built.

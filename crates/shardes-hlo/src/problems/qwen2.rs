@@ -294,10 +294,20 @@ impl Qwen2 {
         }
     }
 
-    /// Runs the forward in `dtype` (parameters and noise stay f32 in the master).
+    /// Runs the forward in `dtype` (parameters and noise stay f32 in the master). Under an
+    /// ES prefer [`crate::es::ShardedES::with_compute_dtype`], which runs this forward in
+    /// bf16 too and rounds the noise once, so `apply` and `tell` see the same bf16 noise;
+    /// set here alone, the forward rounds each perturbed weight itself.
     pub fn with_compute_dtype(mut self, dtype: DType) -> Self {
         self.compute_dtype = dtype;
         self
+    }
+
+    /// This model in the dtype `p` is given in, where the ES's compute dtype
+    /// ([`ModelParams::compute_dtype`]) is narrower than the model's own.
+    fn following(&self, p: &ModelParams) -> Option<Qwen2> {
+        let dt = p.compute_dtype();
+        (dt != DType::F32 && dt != self.compute_dtype).then(|| self.clone().with_compute_dtype(dt))
     }
 }
 
@@ -588,6 +598,9 @@ impl Model for Qwen2 {
     }
 
     fn loss(&self, p: &ModelParams, batch: &[Value]) -> Result<Act, EsError> {
+        if let Some(q) = self.following(p) {
+            return q.loss(p, batch);
+        }
         let [ids, targets, mask] = batch else {
             return Err(EsError::Invalid {
                 message: format!("qwen2 takes 3 batch arrays, got {}", batch.len()),

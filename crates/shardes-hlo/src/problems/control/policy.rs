@@ -83,6 +83,8 @@ impl Policy {
         for (w, b) in &self.layers {
             h = nn::dense(&h, w)?.add(b)?.map(|v| v.tanh())?;
         }
-        Ok(h.value().clone())
+        // Under a bf16 compute dtype the layers run in bf16; the environment steps in the
+        // observations' dtype.
+        Ok(h.convert(obs.dtype())?.value().clone())
     }
 }

@@ -205,6 +205,9 @@ impl Decoder for Qwen2 {
         lens: &Value,
         slots: i64,
     ) -> Result<(Act, Vec<Act>), EsError> {
+        if let Some(q) = self.following(p) {
+            return q.prefill(p, ids, lens, slots);
+        }
         let emb = self.weight(p, "model.embed_tokens.weight")?;
         let mut x = nn::embed(&emb, &Act::shared(ids.clone()))?;
         let mut cache = Vec::with_capacity(2 * self.config.num_hidden_layers);
@@ -251,6 +254,9 @@ impl Decoder for Qwen2 {
         at: &StepAt,
         cache: Vec<Act>,
     ) -> Result<(Act, Vec<Act>), EsError> {
+        if let Some(q) = self.following(p) {
+            return q.step(p, ids, at, cache);
+        }
         let layers = self.config.num_hidden_layers;
         if cache.len() != 2 * layers {
             return Err(EsError::Invalid {
