@@ -402,6 +402,30 @@ impl<'a> Emitter<'a> {
         }
     }
 
+    /// The noise `tell` regenerates under `how = A` ([`Strategy::noise_contracted`]): every
+    /// device draws the whole population's, so the draw is most of `tell` and nothing shares
+    /// it with `apply` (whose directions are the device's own). Dense noise is read once, by
+    /// the contraction, so it is not passed through [`materialize`]: XLA fuses the draw,
+    /// `erf_inv` and the contraction into one kernel per leaf, and skips `remainder`'s
+    /// per-element `fmodf` (7 % of a qiu_d256 generation under `how = A`). The values are
+    /// the same bits: `remainder(z, +inf)` is the identity. Factors are read `k` (or `m`)
+    /// times by their product, so they still go through [`materialize`].
+    fn contracted_noise(
+        &self,
+        streams: &Keys,
+        leaves: &[LeafInfo],
+        dirs: &Value,
+    ) -> Result<Vec<Noise>, EsError> {
+        let noise = self.es.strategy.noise_contracted(streams, leaves, dirs)?;
+        noise
+            .into_iter()
+            .map(|n| match n {
+                Noise::Dense(_) => Ok(n),
+                factors => Ok(materialize(vec![factors])?.remove(0)),
+            })
+            .collect()
+    }
+
     /// `apply`: every local member's loss. Runs inside the manual computation, on local
     /// values; `ids` are this device's global member ids.
     fn apply_local(
@@ -558,8 +582,15 @@ impl<'a> Emitter<'a> {
                 let start = i.mul(&f.scalar(cd as i32)?)?;
                 let dirs = dirs_all.dynamic_slice(&[&start], &[cd])?;
                 let k = coef.dynamic_slice(&[&start], &[cd])?;
-                let noise =
-                    self.chunk_noise(&streams, leaves, &dirs, all.as_deref().map(|n| (n, &start)))?;
+                let noise = match (&all, self.es.how) {
+                    (None, How::A) => self.contracted_noise(&streams, leaves, &dirs)?,
+                    _ => self.chunk_noise(
+                        &streams,
+                        leaves,
+                        &dirs,
+                        all.as_deref().map(|n| (n, &start)),
+                    )?,
+                };
                 contract(&noise, &k)?
                     .iter()
                     .zip(acc)

@@ -137,6 +137,18 @@ pub trait Strategy {
             .collect()
     }
 
+    /// [`Strategy::noise_all`] as `tell` regenerates it under `how = A`, for a consumer that
+    /// reads each element once (the contraction): the same values, possibly emitted as ops
+    /// that XLA fuses into that consumer. The default is [`Strategy::noise_all`].
+    fn noise_contracted(
+        &self,
+        streams: &Keys,
+        leaves: &[LeafInfo],
+        dirs: &Value,
+    ) -> Result<Vec<Noise>> {
+        self.noise_all(streams, leaves, dirs)
+    }
+
     /// Elements of one direction's noise for `leaf`, for memory planning (how many
     /// directions `tell` regenerates at once). The default, the leaf's size, is right for
     /// dense noise and an upper bound for any other.
@@ -155,6 +167,17 @@ pub fn full_rank_noise(stream: &Keys, leaf: &LeafInfo, dirs: &Value) -> Result<N
     let size: i64 = leaf.shape.iter().product();
     let keys = stream.fold_in(dirs)?;
     let z = keys.normal(&[size])?;
+    let mut shape = vec![dirs.shape()[0]];
+    shape.extend_from_slice(&leaf.shape);
+    Ok(Noise::Dense(z.reshape(&shape)?))
+}
+
+/// [`full_rank_noise`] drawn with threefry unrolled ([`Keys::normal_unrolled`]): the same
+/// bits, as elementwise ops XLA fuses into the one consumer of each element.
+fn full_rank_noise_unrolled(stream: &Keys, leaf: &LeafInfo, dirs: &Value) -> Result<Noise> {
+    let size: i64 = leaf.shape.iter().product();
+    let keys = stream.fold_in(dirs)?;
+    let z = keys.normal_unrolled(&[size])?;
     let mut shape = vec![dirs.shape()[0]];
     shape.extend_from_slice(&leaf.shape);
     Ok(Noise::Dense(z.reshape(&shape)?))
@@ -346,6 +369,19 @@ impl Strategy for SeedRegenerated {
     fn noise(&self, stream: &Keys, leaf: &LeafInfo, dirs: &Value) -> Result<Noise> {
         full_rank_noise(stream, leaf, dirs)
     }
+
+    fn noise_contracted(
+        &self,
+        streams: &Keys,
+        leaves: &[LeafInfo],
+        dirs: &Value,
+    ) -> Result<Vec<Noise>> {
+        leaves
+            .iter()
+            .enumerate()
+            .map(|(j, l)| full_rank_noise_unrolled(&streams.at(j as i64)?, l, dirs))
+            .collect()
+    }
 }
 
 /// Full-rank noise, materialized for every local direction at once (same numbers as
@@ -393,6 +429,15 @@ impl Strategy for Mirrored {
 
     fn noise_all(&self, streams: &Keys, leaves: &[LeafInfo], dirs: &Value) -> Result<Vec<Noise>> {
         self.0.noise_all(streams, leaves, dirs)
+    }
+
+    fn noise_contracted(
+        &self,
+        streams: &Keys,
+        leaves: &[LeafInfo],
+        dirs: &Value,
+    ) -> Result<Vec<Noise>> {
+        self.0.noise_contracted(streams, leaves, dirs)
     }
 
     fn noise_elements(&self, leaf: &LeafInfo) -> usize {
@@ -562,6 +607,18 @@ impl Strategy for Coupled {
             .enumerate()
             .map(|(j, l)| self.leaf_noise(&streams.at(j as i64)?, l, dirs))
             .collect()
+    }
+
+    fn noise_contracted(
+        &self,
+        streams: &Keys,
+        leaves: &[LeafInfo],
+        dirs: &Value,
+    ) -> Result<Vec<Noise>> {
+        if self.coupling == Coupling::Gaussian {
+            return self.inner.noise_contracted(streams, leaves, dirs);
+        }
+        self.noise_all(streams, leaves, dirs)
     }
 
     fn noise_elements(&self, leaf: &LeafInfo) -> usize {

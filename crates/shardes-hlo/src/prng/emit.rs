@@ -168,6 +168,37 @@ impl Keys {
         y0.xor(&y1)
     }
 
+    /// [`Keys::normal`] with threefry's 20 rounds as straight-line elementwise ops
+    /// ([`threefry2x32_unrolled`]): the same bits, for a consumer that reads each normal
+    /// once, so XLA fuses the whole draw (rounds, `erf_inv` and the consumer) into one
+    /// kernel instead of a `while` loop over full-size arrays. More ops to compile; use it
+    /// at few sites.
+    pub fn normal_unrolled(&self, shape: &[i64]) -> Result<Value> {
+        let f = self.k0.func();
+        let size: i64 = shape.iter().product();
+        if size >= 1 << 32 || shape.iter().any(|&d| d < 0) {
+            return Err(prng_err(
+                "normal_unrolled",
+                format!(
+                    "shape {shape:?} holds {size} elements; counters above 2^32 are not supported"
+                ),
+            ));
+        }
+        let kr = self.shape().len();
+        let mut full = self.shape().to_vec();
+        full.extend_from_slice(shape);
+        let key_dims: Vec<usize> = (0..kr).collect();
+        let ctr_dims: Vec<usize> = (kr..full.len()).collect();
+        let counter = f
+            .iota(TensorType::u32(&[size]), 0)?
+            .reshape(shape)?
+            .broadcast_in_dim(&full, &ctr_dims)?;
+        let keys = self.broadcast_in_dim(&full, &key_dims)?;
+        let zero = f.scalar(0u32)?.broadcast_to(&full)?;
+        let (y0, y1) = threefry2x32_unrolled(&keys.k0, &keys.k1, &zero, &counter)?;
+        normal_of_bits(&y0.xor(&y1)?)
+    }
+
     /// `uniform(key, shape, lo, hi)` in f32 for every key (shape `keys.shape() ++ shape`).
     pub fn uniform(&self, shape: &[i64], lo: f32, hi: f32) -> Result<Value> {
         uniform_of_bits(&self.bits(shape)?, lo, hi)
@@ -272,6 +303,58 @@ pub fn threefry2x32(k0: &Value, k1: &Value, x0: &Value, x1: &Value) -> Result<(V
         },
     )?;
     unpack(&out[1])
+}
+
+/// threefry2x32 (20 rounds) over u32 values of one shape, the rounds unrolled: the same
+/// bits as [`threefry2x32`] (integer ops, exact), as one chain of elementwise ops that XLA
+/// fuses into its consumer. [`threefry2x32`]'s loop writes and reads its full-size carry
+/// (two words packed in an i64) once per four rounds; this form keeps every word in
+/// registers, at about 8× the ops.
+pub fn threefry2x32_unrolled(
+    k0: &Value,
+    k1: &Value,
+    x0: &Value,
+    x1: &Value,
+) -> Result<(Value, Value)> {
+    let f = k0.func();
+    let shape = x0.shape().to_vec();
+    if [k0.shape(), k1.shape(), x1.shape()]
+        .iter()
+        .any(|s| *s != shape.as_slice())
+    {
+        return Err(prng_err(
+            "threefry2x32_unrolled",
+            format!(
+                "operands must share one shape, got {:?}, {:?}, {:?}, {:?}",
+                k0.shape(),
+                k1.shape(),
+                x0.shape(),
+                x1.shape()
+            ),
+        ));
+    }
+    let c = |x: u32| -> Result<Value> { f.scalar(x)?.broadcast_to(&shape) };
+    let k2 = k0.xor(k1)?.xor(&c(THREEFRY_PARITY)?)?;
+    let ks = [k0.clone(), k1.clone(), k2];
+    let (mut x0, mut x1) = (x0.clone(), x1.clone());
+    for (g, inj) in THREEFRY_INJECTIONS.iter().enumerate() {
+        x0 = x0.add(&ks[inj[0]])?;
+        x1 = x1.add(&ks[inj[1]])?;
+        if g > 0 {
+            x1 = x1.add(&c(g as u32)?)?;
+        }
+        if g == THREEFRY_GROUPS {
+            break;
+        }
+        for &r in &THREEFRY_ROTATIONS[g % 2] {
+            x0 = x0.add(&x1)?;
+            let rotl = x1
+                .shift_left(&c(r)?)?
+                .or(&x1.shift_right_logical(&c(32 - r)?)?)?;
+            x1 = rotl.xor(&x0)?;
+        }
+    }
+    Ok((x0, x1))
 }
 
 /// Two u32 words as one i64 (`x0` high, `x1` low). The threefry loop carries its two words
