@@ -392,6 +392,27 @@ impl SafetensorsFile {
     }
 }
 
+/// An f32 array as a safetensors view whose bytes are produced when the serializer asks.
+struct LeBytes<'a>(&'a Array);
+
+impl safetensors::View for LeBytes<'_> {
+    fn dtype(&self) -> Dtype {
+        Dtype::F32
+    }
+
+    fn shape(&self) -> &[usize] {
+        self.0.shape()
+    }
+
+    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+        std::borrow::Cow::Owned(self.0.data().iter().flat_map(|x| x.to_le_bytes()).collect())
+    }
+
+    fn data_len(&self) -> usize {
+        self.0.len() * std::mem::size_of::<f32>()
+    }
+}
+
 /// Serializes `tree` as safetensors in memory, one f32 tensor per leaf named by its path, as
 /// [`write_params`] writes it; `path` only names the destination in errors. A caller that
 /// hashes the bytes before writing them (`rundir`'s checkpoints) needs no re-read.
@@ -405,27 +426,18 @@ pub fn named_to_bytes<S: AsRef<str>>(
     path: &Path,
     tensors: &[(S, &Array)],
 ) -> Result<Vec<u8>, IoError> {
-    // The same steps as `write_named`, kept separate so that function stays as it is.
-    let mut bytes: HashMap<&str, Vec<u8>> = HashMap::with_capacity(tensors.len());
+    // Each tensor's little-endian bytes are made only while the serializer copies them into
+    // the output (`LeBytes`), so the peak is the output plus one tensor, not twice the tree.
+    let mut seen = std::collections::HashSet::with_capacity(tensors.len());
+    let mut views = Vec::with_capacity(tensors.len());
     for (name, a) in tensors {
-        let le: Vec<u8> = a.data().iter().flat_map(|x| x.to_le_bytes()).collect();
-        if bytes.insert(name.as_ref(), le).is_some() {
+        if !seen.insert(name.as_ref()) {
             return Err(IoError::DuplicateName {
                 path: path.to_path_buf(),
                 name: name.as_ref().to_string(),
             });
         }
-    }
-    let mut views = Vec::with_capacity(tensors.len());
-    for (name, a) in tensors {
-        let data = bytes.get(name.as_ref()).map(Vec::as_slice).unwrap_or(&[]);
-        let view = TensorView::new(Dtype::F32, a.shape().to_vec(), data).map_err(|cause| {
-            IoError::Serialize {
-                path: path.to_path_buf(),
-                cause,
-            }
-        })?;
-        views.push((name.as_ref(), view));
+        views.push((name.as_ref(), LeBytes(a)));
     }
     safetensors::serialize(views, &None).map_err(|cause| IoError::Serialize {
         path: path.to_path_buf(),

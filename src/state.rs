@@ -18,7 +18,10 @@ use crate::Error;
 pub(crate) struct DeviceState {
     /// The layout of the program that takes the batch (generation or ask_apply).
     pub(crate) layout: Layout,
-    template: ParamTree,
+    /// The parameter tree's structure with every leaf empty: what [`DeviceState::params`]
+    /// rebuilds the tree on. Not a copy of the parameters, which would hold the model's
+    /// size on the host for the whole run.
+    skeleton: ParamTree,
     /// `[device][leaf]`.
     params: Vec<Vec<Buffer>>,
     key: Vec<Buffer>,
@@ -143,7 +146,7 @@ impl DeviceState {
         }
         let state = DeviceState {
             layout,
-            template: params.clone(),
+            skeleton: skeleton_of(params)?,
             params: params_dev,
             key: replicate(client, &key.data(), &[2], devices)?,
             generation: replicate(client, &[generation], &[], devices)?,
@@ -247,7 +250,18 @@ impl DeviceState {
             let shape: Vec<usize> = l.shape.iter().map(|&d| d as usize).collect();
             leaves.push(Array::new(shape, b.to_host::<f32>()?)?);
         }
-        Ok(ParamTree::from_leaves(&self.template, leaves)?)
+        if leaves.len() != self.skeleton.num_leaves() {
+            return Err(Error::Invalid(format!(
+                "the devices hold {} leaves but the parameter tree has {}",
+                leaves.len(),
+                self.skeleton.num_leaves()
+            )));
+        }
+        let mut it = leaves.into_iter();
+        // The counts agree (checked above), so every empty leaf finds its array.
+        Ok(self
+            .skeleton
+            .map_leaves(|_, empty| it.next().unwrap_or_else(|| empty.clone())))
     }
 
     /// Copies the optimizer's state back to the host (from device 0), named as in
@@ -319,6 +333,12 @@ impl DeviceState {
         self.opt = opt;
         Ok(())
     }
+}
+
+/// `params`' structure with every leaf an empty array (no parameter data).
+fn skeleton_of(params: &ParamTree) -> Result<ParamTree, Error> {
+    let empty = Array::new(vec![0], Vec::new())?;
+    Ok(params.map_leaves(|_, _| empty.clone()))
 }
 
 /// A tensor type's dimensions as host sizes.

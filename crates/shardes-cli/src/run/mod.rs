@@ -295,7 +295,9 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
         None => 0,
     };
     finite::check_start(&s.problem.params, &s.problem.batch, args.resume)?;
-    let (start, params) = group.share_start(start, s.problem.params.clone())?;
+    // Moved, not cloned: a copy would hold the model's size twice on the host.
+    let params = std::mem::replace(&mut s.problem.params, empty_tree());
+    let (start, params) = group.share_start(start, params)?;
     s.problem.params = params;
 
     let mut out = Stdout::new();
@@ -350,6 +352,9 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
         trainer.resume_optimizer(optimizer)?;
     }
     group.share_optimizer(&mut trainer)?;
+    // The devices hold the parameters from here on (a checkpoint reads them back), so the
+    // host copy goes: kept, it would stay the model's size on the host for the whole run.
+    s.problem.params = empty_tree();
     let bt = trainer.build_times();
     outln!(
         out,
@@ -580,4 +585,9 @@ fn check_inputs(extra: Option<&serde_json::Value>, now: &serde_json::Value) -> R
         }
     }
     Ok(())
+}
+
+/// A parameter tree without leaves, left where the host parameters were moved out.
+fn empty_tree() -> shardes::hlo::params::ParamTree {
+    shardes::hlo::params::ParamTree::Map(Default::default())
 }
