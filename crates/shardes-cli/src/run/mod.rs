@@ -223,7 +223,7 @@ fn checkpoint(
         .optimizer_state()
         .context("copying the optimizer state to the host")?;
     rundir
-        .write_checkpoint_with_optimizer(key.data(), g, &params, &optimizer, Some(inputs.clone()))
+        .write_checkpoint_taking(key.data(), g, params, &optimizer, Some(inputs.clone()))
         .map_err(rundir_error)?;
     Ok(())
 }
