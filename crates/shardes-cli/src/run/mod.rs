@@ -341,12 +341,17 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
             HostTrainer::new(&s.client, &s.es, h, &p.params, p.key, start)
                 .context("building the policy step and tell programs")?,
         )),
-        (None, None) => Engine::Fused(
-            Trainer::with_state(
-                &s.client, &s.es, &*p.model, &p.params, p.key, &p.batch, start,
+        (None, None) => {
+            // Handed over: each leaf's host copy goes as soon as it is on the devices.
+            let params = std::mem::replace(&mut s.problem.params, empty_tree());
+            let q = &s.problem;
+            Engine::Fused(
+                Trainer::with_state_taking(
+                    &s.client, &s.es, &*q.model, params, q.key, &q.batch, start,
+                )
+                .context("building the generation program")?,
             )
-            .context("building the generation program")?,
-        ),
+        }
     };
     if let Some(optimizer) = &resumed_optimizer {
         trainer.resume_optimizer(optimizer)?;
