@@ -392,6 +392,96 @@ impl SafetensorsFile {
     }
 }
 
+/// [`params_to_bytes`] consuming `tree`: each leaf is freed as soon as its bytes are in
+/// the output, so the peak is the output plus one leaf's bytes, not the tree beside it.
+/// The bytes are those [`params_to_bytes`] gives for the same tree.
+pub fn params_into_bytes(path: &Path, tree: ParamTree) -> Result<Vec<u8>, IoError> {
+    fn take(t: ParamTree, path: String, out: &mut Vec<(String, Array)>) {
+        let join = |seg: &str| {
+            if path.is_empty() {
+                seg.to_string()
+            } else {
+                format!("{path}.{seg}")
+            }
+        };
+        // The order of `ParamTree::leaves`: maps by key, lists by position.
+        match t {
+            ParamTree::Leaf(a) => out.push((path, a)),
+            ParamTree::Map(m) => {
+                for (k, v) in m {
+                    let p = join(&k);
+                    take(v, p, out);
+                }
+            }
+            ParamTree::List(l) => {
+                for (i, v) in l.into_iter().enumerate() {
+                    let p = join(&i.to_string());
+                    take(v, p, out);
+                }
+            }
+        }
+    }
+    let mut named = Vec::new();
+    take(tree, String::new(), &mut named);
+    let mut seen = std::collections::HashSet::with_capacity(named.len());
+    for (name, _) in &named {
+        if !seen.insert(name.clone()) {
+            return Err(IoError::DuplicateName {
+                path: path.to_path_buf(),
+                name: name.clone(),
+            });
+        }
+    }
+    // The serializer drops each view right after copying its bytes out.
+    let views: Vec<(String, LeOwned)> = named.into_iter().map(|(n, a)| (n, LeOwned(a))).collect();
+    safetensors::serialize(views, &None).map_err(|cause| IoError::Serialize {
+        path: path.to_path_buf(),
+        cause,
+    })
+}
+
+/// [`LeBytes`] owning its array, which goes when the view does.
+struct LeOwned(Array);
+
+impl safetensors::View for LeOwned {
+    fn dtype(&self) -> Dtype {
+        Dtype::F32
+    }
+
+    fn shape(&self) -> &[usize] {
+        self.0.shape()
+    }
+
+    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+        LeBytes(&self.0).data().into_owned().into()
+    }
+
+    fn data_len(&self) -> usize {
+        LeBytes(&self.0).data_len()
+    }
+}
+
+/// An f32 array as a safetensors view whose bytes are produced when the serializer asks.
+struct LeBytes<'a>(&'a Array);
+
+impl safetensors::View for LeBytes<'_> {
+    fn dtype(&self) -> Dtype {
+        Dtype::F32
+    }
+
+    fn shape(&self) -> &[usize] {
+        self.0.shape()
+    }
+
+    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+        std::borrow::Cow::Owned(self.0.data().iter().flat_map(|x| x.to_le_bytes()).collect())
+    }
+
+    fn data_len(&self) -> usize {
+        self.0.len() * std::mem::size_of::<f32>()
+    }
+}
+
 /// Serializes `tree` as safetensors in memory, one f32 tensor per leaf named by its path, as
 /// [`write_params`] writes it; `path` only names the destination in errors. A caller that
 /// hashes the bytes before writing them (`rundir`'s checkpoints) needs no re-read.
@@ -405,27 +495,18 @@ pub fn named_to_bytes<S: AsRef<str>>(
     path: &Path,
     tensors: &[(S, &Array)],
 ) -> Result<Vec<u8>, IoError> {
-    // The same steps as `write_named`, kept separate so that function stays as it is.
-    let mut bytes: HashMap<&str, Vec<u8>> = HashMap::with_capacity(tensors.len());
+    // Each tensor's little-endian bytes are made only while the serializer copies them into
+    // the output (`LeBytes`), so the peak is the output plus one tensor, not twice the tree.
+    let mut seen = std::collections::HashSet::with_capacity(tensors.len());
+    let mut views = Vec::with_capacity(tensors.len());
     for (name, a) in tensors {
-        let le: Vec<u8> = a.data().iter().flat_map(|x| x.to_le_bytes()).collect();
-        if bytes.insert(name.as_ref(), le).is_some() {
+        if !seen.insert(name.as_ref()) {
             return Err(IoError::DuplicateName {
                 path: path.to_path_buf(),
                 name: name.as_ref().to_string(),
             });
         }
-    }
-    let mut views = Vec::with_capacity(tensors.len());
-    for (name, a) in tensors {
-        let data = bytes.get(name.as_ref()).map(Vec::as_slice).unwrap_or(&[]);
-        let view = TensorView::new(Dtype::F32, a.shape().to_vec(), data).map_err(|cause| {
-            IoError::Serialize {
-                path: path.to_path_buf(),
-                cause,
-            }
-        })?;
-        views.push((name.as_ref(), view));
+        views.push((name.as_ref(), LeBytes(a)));
     }
     safetensors::serialize(views, &None).map_err(|cause| IoError::Serialize {
         path: path.to_path_buf(),

@@ -6,6 +6,8 @@
 //! [`DeviceState::absorb_for`] takes the new state from its results and hands back the
 //! fitness.
 
+use std::borrow::Cow;
+
 use shardes_hlo::es::{Layout, ProgramResults};
 use shardes_hlo::params::{Array, ParamTree};
 use shardes_hlo::prng::Key;
@@ -18,7 +20,10 @@ use crate::Error;
 pub(crate) struct DeviceState {
     /// The layout of the program that takes the batch (generation or ask_apply).
     pub(crate) layout: Layout,
-    template: ParamTree,
+    /// The parameter tree's structure with every leaf empty: what [`DeviceState::params`]
+    /// rebuilds the tree on. Not a copy of the parameters, which would hold the model's
+    /// size on the host for the whole run.
+    skeleton: ParamTree,
     /// `[device][leaf]`.
     params: Vec<Vec<Buffer>>,
     key: Vec<Buffer>,
@@ -85,6 +90,54 @@ impl DeviceState {
         batch: &[Array],
         generation: u32,
     ) -> Result<DeviceState, Error> {
+        let leaves = params.leaves().into_iter().map(|(_, a)| Cow::Borrowed(a));
+        let skeleton = skeleton_of(params)?;
+        Self::upload_leaves(
+            client,
+            devices,
+            layout,
+            (skeleton, leaves),
+            key,
+            batch,
+            generation,
+        )
+    }
+
+    /// [`DeviceState::upload`] consuming `params`: each leaf's host array is freed as soon
+    /// as it is on the devices, so the host never holds the tree and its device copies at
+    /// once (on the CPU plugin, whose buffers are host memory, the device copies reuse
+    /// the freed memory).
+    pub(crate) fn upload_taking(
+        client: &Client,
+        devices: usize,
+        layout: Layout,
+        params: ParamTree,
+        key: Key,
+        batch: &[Array],
+        generation: u32,
+    ) -> Result<DeviceState, Error> {
+        let skeleton = skeleton_of(&params)?;
+        let leaves = into_leaves(params).into_iter().map(Cow::Owned);
+        Self::upload_leaves(
+            client,
+            devices,
+            layout,
+            (skeleton, leaves),
+            key,
+            batch,
+            generation,
+        )
+    }
+
+    fn upload_leaves<'a>(
+        client: &Client,
+        devices: usize,
+        layout: Layout,
+        (skeleton, leaves): (ParamTree, impl Iterator<Item = Cow<'a, Array>>),
+        key: Key,
+        batch: &[Array],
+        generation: u32,
+    ) -> Result<DeviceState, Error> {
         if batch.len() != layout.batch.len() {
             return Err(Error::Invalid(format!(
                 "the model takes {} batch arrays ({}) but {} were given",
@@ -122,7 +175,7 @@ impl DeviceState {
             }
         }
         let mut params_dev: Vec<Vec<Buffer>> = (0..devices).map(|_| Vec::new()).collect();
-        for (_, a) in params.leaves() {
+        for a in leaves {
             for (d, b) in replicate(client, a.data(), a.shape(), devices)?
                 .into_iter()
                 .enumerate()
@@ -143,7 +196,7 @@ impl DeviceState {
         }
         let state = DeviceState {
             layout,
-            template: params.clone(),
+            skeleton,
             params: params_dev,
             key: replicate(client, &key.data(), &[2], devices)?,
             generation: replicate(client, &[generation], &[], devices)?,
@@ -247,7 +300,18 @@ impl DeviceState {
             let shape: Vec<usize> = l.shape.iter().map(|&d| d as usize).collect();
             leaves.push(Array::new(shape, b.to_host::<f32>()?)?);
         }
-        Ok(ParamTree::from_leaves(&self.template, leaves)?)
+        if leaves.len() != self.skeleton.num_leaves() {
+            return Err(Error::Invalid(format!(
+                "the devices hold {} leaves but the parameter tree has {}",
+                leaves.len(),
+                self.skeleton.num_leaves()
+            )));
+        }
+        let mut it = leaves.into_iter();
+        // The counts agree (checked above), so every empty leaf finds its array.
+        Ok(self
+            .skeleton
+            .map_leaves(|_, empty| it.next().unwrap_or_else(|| empty.clone())))
     }
 
     /// Copies the optimizer's state back to the host (from device 0), named as in
@@ -319,6 +383,26 @@ impl DeviceState {
         self.opt = opt;
         Ok(())
     }
+}
+
+/// `params`' structure with every leaf an empty array (no parameter data).
+fn skeleton_of(params: &ParamTree) -> Result<ParamTree, Error> {
+    let empty = Array::new(vec![0], Vec::new())?;
+    Ok(params.map_leaves(|_, _| empty.clone()))
+}
+
+/// `tree`'s leaves by value, in [`ParamTree::leaves`] order.
+fn into_leaves(tree: ParamTree) -> Vec<Array> {
+    fn go(t: ParamTree, out: &mut Vec<Array>) {
+        match t {
+            ParamTree::Leaf(a) => out.push(a),
+            ParamTree::Map(m) => m.into_values().for_each(|v| go(v, out)),
+            ParamTree::List(l) => l.into_iter().for_each(|v| go(v, out)),
+        }
+    }
+    let mut out = Vec::new();
+    go(tree, &mut out);
+    out
 }
 
 /// A tensor type's dimensions as host sizes.

@@ -90,20 +90,37 @@ impl Trainer {
                     "{per_dispatch} generations per dispatch; use between 1 and 2^32 − 1"
                 ))
             })?;
-        let devices = es.devices();
-        check_devices(client, devices)?;
-        let t0 = Instant::now();
-        let leaves = shardes_hlo::es::leaf_infos(params);
-        let program = es.generation_program_multi(model, &leaves, per_dispatch)?;
-        let mlir = program.module.to_mlir();
-        let emit_ms = t0.elapsed().as_secs_f64() * 1e3;
-        let t1 = Instant::now();
-        let exe = client.compile(&mlir, &CompileOptions::new(devices))?;
-        let compile_ms = t1.elapsed().as_secs_f64() * 1e3;
-        let state = DeviceState::upload(
+        let (exe, mlir, layout, times) = compiled(client, es, model, params, per_dispatch)?;
+        let state =
+            DeviceState::upload(client, es.devices(), layout, params, key, batch, generation)?;
+        Ok(Trainer {
+            client: client.clone(),
+            exe,
+            mlir,
+            state,
+            per_dispatch: per_dispatch_u32,
+            times,
+        })
+    }
+
+    /// [`Trainer::with_state`] consuming `params`: each leaf's host array is freed as soon
+    /// as it is on the devices, so a caller that has no further use for the host tree (a
+    /// run reads the parameters back from the devices) never holds it beside the device
+    /// copies. The trainer is the one [`Trainer::with_state`] builds.
+    pub fn with_state_taking(
+        client: &Client,
+        es: &ShardedES,
+        model: &dyn Model,
+        params: ParamTree,
+        key: Key,
+        batch: &[Array],
+        generation: u32,
+    ) -> Result<Trainer, Error> {
+        let (exe, mlir, layout, times) = compiled(client, es, model, &params, 1)?;
+        let state = DeviceState::upload_taking(
             client,
-            devices,
-            program.layout,
+            es.devices(),
+            layout,
             params,
             key,
             batch,
@@ -114,14 +131,43 @@ impl Trainer {
             exe,
             mlir,
             state,
-            per_dispatch: per_dispatch_u32,
-            times: BuildTimes {
-                emit_ms,
-                compile_ms,
-            },
+            per_dispatch: 1,
+            times,
         })
     }
+}
 
+/// The compiled generation program of `per_dispatch` generations for `params`' leaves:
+/// the executable, its text, its layout and the build times.
+fn compiled(
+    client: &Client,
+    es: &ShardedES,
+    model: &dyn Model,
+    params: &ParamTree,
+    per_dispatch: usize,
+) -> Result<(Executable, String, Layout, BuildTimes), Error> {
+    let devices = es.devices();
+    check_devices(client, devices)?;
+    let t0 = Instant::now();
+    let leaves = shardes_hlo::es::leaf_infos(params);
+    let program = es.generation_program_multi(model, &leaves, per_dispatch)?;
+    let mlir = program.module.to_mlir();
+    let emit_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let t1 = Instant::now();
+    let exe = client.compile(&mlir, &CompileOptions::new(devices))?;
+    let compile_ms = t1.elapsed().as_secs_f64() * 1e3;
+    Ok((
+        exe,
+        mlir,
+        program.layout,
+        BuildTimes {
+            emit_ms,
+            compile_ms,
+        },
+    ))
+}
+
+impl Trainer {
     /// Runs one generation; returns the fitness of every member in global member order
     /// (`n` values, or `n × g` row-major for several tasks).
     pub fn step(&mut self) -> Result<Vec<f32>, Error> {

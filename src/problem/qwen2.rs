@@ -88,6 +88,40 @@ impl Problem {
     }
 }
 
+impl Problem {
+    /// [`Self::qwen2`] with `layers` decoder layers instead of the source's, the
+    /// parameters drawn at random from the run's key for those shapes (a checkpoint's
+    /// weights are not read): for benchmarks that measure a per-layer cost on a shallower
+    /// model of the same width and data.
+    pub fn qwen2_with_layers(
+        source: &Qwen2Source,
+        seed: u64,
+        layers: usize,
+    ) -> Result<Problem, ProblemError> {
+        let k = run_key(seed)?;
+        let mut plan = plan(source)?;
+        plan.config.num_hidden_layers = layers;
+        plan.config.validate().map_err(ProblemError::host(format!(
+            "describing a {layers}-layer qwen2"
+        )))?;
+        plan.origin = format!("{} at {layers} layers, random weights", plan.origin);
+        plan.shapes(k)?.check_host_memory()?;
+        let params = plan
+            .config
+            .init(k, 0.02)
+            .map_err(ProblemError::host(format!(
+                "initialising a {layers}-layer qwen2"
+            )))?;
+        Ok(Problem {
+            model: Box::new(plan.model()),
+            params,
+            batch: batch_of(&plan)?,
+            key: k,
+            summary: plan.summary(),
+        })
+    }
+}
+
 /// The model of [`Problem::qwen2`] alone, from its shapes (nothing is loaded); see
 /// [`qwen2_shapes_at_depth`].
 pub fn qwen2_model(source: &Qwen2Source, seed: u64) -> Result<Qwen2, ProblemError> {
@@ -149,6 +183,50 @@ fn checkpoint_error(e: crate::hf::HfError) -> ProblemError {
     )
 }
 
+/// The dimension keys of a custom random size, `"vocab=4096,d=256,ffn=1024,layers=4,heads=4,kv=2"`.
+const DIM_KEYS: &str = "vocab, d, ffn, layers, heads, kv";
+
+/// A preset (`tiny`, `0.5b`, `1.5b`), or the tiny preset with the dimensions a
+/// `key=value` list sets (`vocab`, `d`, `ffn`, `layers`, `heads`, `kv`), e.g. a d = 256
+/// model for a quick benchmark.
+fn random_config(size: &str) -> Result<Qwen2Config, ProblemError> {
+    let fix = "use \"tiny\", \"0.5b\" or \"1.5b\", or dimensions such as \
+               \"vocab=4096,d=256,ffn=1024,layers=4,heads=4,kv=2\"";
+    if !size.contains('=') {
+        return Qwen2Config::by_size(size)
+            .map_err(|e| ProblemError::input(Setting::Size, format!("size: {e}"), fix));
+    }
+    let bad = |why: String| {
+        ProblemError::input(
+            Setting::Size,
+            format!("size = \"{}\": {why}", shardes_hlo::es::spec::excerpt(size)),
+            fix,
+        )
+    };
+    let mut cfg = Qwen2Config::tiny();
+    for part in size.split(',') {
+        let (key, value) = part
+            .split_once('=')
+            .ok_or_else(|| bad(format!("`{}` is not key=value", part.trim())))?;
+        let value: usize = value
+            .trim()
+            .parse()
+            .map_err(|_| bad(format!("`{}` is not a positive whole number", value.trim())))?;
+        let slot = match key.trim() {
+            "vocab" => &mut cfg.vocab_size,
+            "d" => &mut cfg.hidden_size,
+            "ffn" => &mut cfg.intermediate_size,
+            "layers" => &mut cfg.num_hidden_layers,
+            "heads" => &mut cfg.num_attention_heads,
+            "kv" => &mut cfg.num_key_value_heads,
+            other => return Err(bad(format!("unknown dimension `{other}` (use {DIM_KEYS})"))),
+        };
+        *slot = value;
+    }
+    cfg.validate().map_err(|e| bad(e.to_string()))?;
+    Ok(cfg)
+}
+
 /// Reads everything but the weights and checks it: the config (and the checkpoint's
 /// headers), the tokenizer, the data against the vocabulary and the model's positions,
 /// the batch and the sequence length.
@@ -164,13 +242,7 @@ fn plan(source: &Qwen2Source) -> Result<Plan, ProblemError> {
             )
         }
         Qwen2Weights::Random(size) => {
-            let cfg = Qwen2Config::by_size(size).map_err(|e| {
-                ProblemError::input(
-                    Setting::Size,
-                    format!("size: {e}"),
-                    "use \"tiny\", \"0.5b\" or \"1.5b\"",
-                )
-            })?;
+            let cfg = random_config(size)?;
             (
                 cfg,
                 None,
@@ -364,6 +436,16 @@ fn load(source: &Qwen2Source, k: Key) -> Result<Loaded, ProblemError> {
             .init(k, 0.02)
             .map_err(ProblemError::host("initialising random qwen2 parameters"))?,
     };
+    Ok(Loaded {
+        model: plan.model(),
+        params,
+        summary: plan.summary(),
+        batch: batch_of(&plan)?,
+    })
+}
+
+/// The teacher-forcing batch of the plan's examples: ids, targets and mask as f32 arrays.
+fn batch_of(plan: &Plan) -> Result<Vec<Array>, ProblemError> {
     let seq = plan.seq;
     let lm = lm_batch(&plan.examples, seq, 0).map_err(|e| {
         ProblemError::input(
@@ -374,15 +456,9 @@ fn load(source: &Qwen2Source, k: Key) -> Result<Loaded, ProblemError> {
     })?;
     let whole = |v: &[i32]| -> Vec<f32> { v.iter().map(|&x| x as f32).collect() };
     let shape = vec![lm.batch, lm.seq];
-    let batch = vec![
+    Ok(vec![
         Array::new(shape.clone(), whole(&lm.ids))?,
         Array::new(shape.clone(), whole(&lm.targets))?,
         Array::new(shape, lm.mask)?,
-    ];
-    Ok(Loaded {
-        model: plan.model(),
-        params,
-        summary: plan.summary(),
-        batch,
-    })
+    ])
 }

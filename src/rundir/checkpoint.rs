@@ -317,6 +317,16 @@ fn verify_optimizer(dir: &Path, state: &State) -> Result<Option<SafetensorsFile>
         .map_err(|e| invalid(format!("is not valid safetensors ({e})")))
 }
 
+/// The parameters of a checkpoint: borrowed, or given up to be freed leaf by leaf while
+/// they are serialized.
+#[derive(Debug, Clone)]
+pub(crate) enum NewParams<'a> {
+    /// The caller keeps the tree.
+    Borrowed(&'a ParamTree),
+    /// The tree is consumed ([`sio::params_into_bytes`]).
+    Owned(ParamTree),
+}
+
 /// What to write: everything of a [`State`] but the parameter file and its hash.
 #[derive(Debug, Clone)]
 pub(crate) struct NewCheckpoint<'a> {
@@ -327,7 +337,7 @@ pub(crate) struct NewCheckpoint<'a> {
     /// The trajectory hash of the run's config.
     pub config_hash: &'a str,
     /// The parameters.
-    pub params: &'a ParamTree,
+    pub params: NewParams<'a>,
     /// The optimizer's state, named tensors (empty: none, no optimizer file).
     pub optimizer: &'a [(String, Array)],
     /// Extra state for resume.
@@ -343,8 +353,11 @@ pub(crate) fn write(
     committed: &mut Option<State>,
     new: NewCheckpoint<'_>,
 ) -> Result<State, RunDirError> {
-    let bytes = sio::params_to_bytes(&dir.join(PARAMS), new.params)
-        .map_err(|source| RunDirError::Serialize { source })?;
+    let bytes = match new.params {
+        NewParams::Borrowed(tree) => sio::params_to_bytes(&dir.join(PARAMS), tree),
+        NewParams::Owned(tree) => sio::params_into_bytes(&dir.join(PARAMS), tree),
+    }
+    .map_err(|source| RunDirError::Serialize { source })?;
     let sha = sha256_hex(&bytes);
     let name = generation_file(new.generation, &sha);
     let params_path = dir.join(&name);

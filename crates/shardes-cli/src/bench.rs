@@ -68,9 +68,13 @@ pub struct BenchArgs {
     /// config's `es.how_hosts`.
     #[arg(long, value_parser = parse_how_flag)]
     pub how_hosts: Option<String>,
+    /// qwen2 configs: benchmark the model at this many decoder layers (its width,
+    /// vocabulary and data; random weights), e.g. to measure a per-layer cost quickly.
+    #[arg(long, value_parser = crate::inspect::count_in(1, shardes::hlo::problems::qwen2::MAX_LAYERS))]
+    pub layers: Option<usize>,
 }
 
-fn parse_how(s: &str) -> Result<Vec<How>> {
+pub(crate) fn parse_how(s: &str) -> Result<Vec<How>> {
     // Each letter through `How`'s own parser: "A", "B", or both side by side ("AB", "BA").
     let mut hows: Vec<How> = Vec::new();
     for c in s.chars() {
@@ -113,7 +117,9 @@ fn validated(args: &BenchArgs) -> Result<Config> {
     }
     if !matches!(
         config.problem,
-        ProblemConfig::TransformerBlock { .. } | ProblemConfig::Control { .. }
+        ProblemConfig::TransformerBlock { .. }
+            | ProblemConfig::Control { .. }
+            | ProblemConfig::Qwen2 { .. }
     ) {
         return Err(ConfigError::new(
             format!(
@@ -123,6 +129,16 @@ fn validated(args: &BenchArgs) -> Result<Config> {
             ),
             "benchmark a transformer_block config (e.g. benches/eggroll_n16384.toml) or a \
              control config (e.g. examples/cartpole.toml); time other problems with shardes run",
+        )
+        .into());
+    }
+    if args.layers.is_some() && !matches!(config.problem, ProblemConfig::Qwen2 { .. }) {
+        return Err(ConfigError::new(
+            format!(
+                "--layers is for qwen2 configs; this one's problem is \"{}\"",
+                config.problem.name()
+            ),
+            "drop --layers, or benchmark a qwen2 config (e.g. benches/qwen2_d256.toml)",
         )
         .into());
     }
@@ -206,6 +222,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     if let ProblemConfig::Control { .. } = config.problem {
         return crate::bench_control::run(args, &config);
+    }
+    if let ProblemConfig::Qwen2 { .. } = config.problem {
+        return crate::bench_qwen2::run(args, &config);
     }
     let ProblemConfig::TransformerBlock {
         d_model,

@@ -77,6 +77,21 @@ pub struct DiagEntry {
     pub output_bytes: i64,
     /// Peak bytes, if the plugin reports it (0 otherwise).
     pub peak_bytes: i64,
+    /// Whether the plugin offers device allocator statistics (`PJRT_Device_MemoryStats`).
+    pub device_stats_offered: bool,
+    /// Bytes allocated on device 0 after this compile, where offered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_bytes_in_use: Option<i64>,
+    /// The most bytes allocated on device 0 at once so far, where offered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_peak_bytes_in_use: Option<i64>,
+    /// Peak resident memory of this process (`VmHWM`) after this compile, bytes; 0 where
+    /// unavailable.
+    pub peak_rss_bytes: u64,
+}
+
+fn mib(bytes: i64) -> f64 {
+    bytes as f64 / 1048576.0
 }
 
 fn with_rank(spec: &StrategySpec, r: usize) -> Option<StrategySpec> {
@@ -120,6 +135,7 @@ fn measure(
         .map(|(k, v)| (k.clone(), *v))
         .collect();
     let mem = exe.compiled_memory_stats().unwrap_or_default();
+    let device = client.device_memory_stats(0)?;
     let emitted = program.module.op_counts();
     Ok(DiagEntry {
         strategy: es.strategy().name(),
@@ -135,6 +151,10 @@ fn measure(
         argument_bytes: mem.argument_size_in_bytes,
         output_bytes: mem.output_size_in_bytes,
         peak_bytes: mem.peak_memory_in_bytes,
+        device_stats_offered: device.is_some(),
+        device_bytes_in_use: device.map(|s| s.bytes_in_use),
+        device_peak_bytes_in_use: device.and_then(|s| s.peak_bytes_in_use),
+        peak_rss_bytes: shardes::bench::peak_rss_bytes(),
     })
 }
 
@@ -230,5 +250,31 @@ pub fn run(args: &DiagArgs) -> Result<()> {
         outln!(out, "  {k:<36}{v:>6}");
     }
     outln!(out, "collectives: {:?}", first.collectives);
+    outln!(
+        out,
+        "memory ({}): arguments {:.1} MiB, outputs {:.1} MiB, temporaries {:.1} MiB per device",
+        first.strategy,
+        mib(first.argument_bytes),
+        mib(first.output_bytes),
+        mib(first.temp_bytes)
+    );
+    let last = entries.last().unwrap_or(first);
+    match (last.device_bytes_in_use, last.device_peak_bytes_in_use) {
+        (Some(now), peak) => outln!(
+            out,
+            "device 0 allocator: {:.1} MiB in use, peak {}",
+            mib(now),
+            peak.map_or_else(|| "not reported".into(), |p| format!("{:.1} MiB", mib(p)))
+        ),
+        (None, _) => outln!(
+            out,
+            "device 0 allocator: not offered by this plugin (PJRT_Device_MemoryStats)"
+        ),
+    }
+    outln!(
+        out,
+        "host peak RSS after compiling every program: {:.1} MiB",
+        last.peak_rss_bytes as f64 / 1048576.0
+    );
     out.finish()
 }

@@ -14,6 +14,7 @@ use shardes::runtime::RuntimeError;
 mod bench;
 mod bench_control;
 mod bench_decode;
+mod bench_qwen2;
 mod completions;
 mod config;
 mod diag;

@@ -70,6 +70,7 @@ mod executable;
 mod ffi;
 mod handle;
 mod hlo;
+mod memory;
 pub mod mujoco;
 pub mod plugin;
 mod proto;
@@ -80,6 +81,7 @@ pub use dtype::{Element, ElementType};
 pub use error::{Result, RuntimeError};
 pub use executable::{ArgSpec, CompileOptions, CompiledMemoryStats, Executable, ExecuteOptions};
 pub use hlo::{HloComputation, HloInstruction, HloModule, HloShape};
+pub use memory::DeviceMemoryStats;
 pub use plugin::{AttributeValue, Plugin};
 
 /// Re-exported so callers can name `bf16`/`f16` elements without adding `half` themselves.

@@ -223,7 +223,7 @@ fn checkpoint(
         .optimizer_state()
         .context("copying the optimizer state to the host")?;
     rundir
-        .write_checkpoint_with_optimizer(key.data(), g, &params, &optimizer, Some(inputs.clone()))
+        .write_checkpoint_taking(key.data(), g, params, &optimizer, Some(inputs.clone()))
         .map_err(rundir_error)?;
     Ok(())
 }
@@ -295,7 +295,9 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
         None => 0,
     };
     finite::check_start(&s.problem.params, &s.problem.batch, args.resume)?;
-    let (start, params) = group.share_start(start, s.problem.params.clone())?;
+    // Moved, not cloned: a copy would hold the model's size twice on the host.
+    let params = std::mem::replace(&mut s.problem.params, empty_tree());
+    let (start, params) = group.share_start(start, params)?;
     s.problem.params = params;
 
     let mut out = Stdout::new();
@@ -339,17 +341,25 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
             HostTrainer::new(&s.client, &s.es, h, &p.params, p.key, start)
                 .context("building the policy step and tell programs")?,
         )),
-        (None, None) => Engine::Fused(
-            Trainer::with_state(
-                &s.client, &s.es, &*p.model, &p.params, p.key, &p.batch, start,
+        (None, None) => {
+            // Handed over: each leaf's host copy goes as soon as it is on the devices.
+            let params = std::mem::replace(&mut s.problem.params, empty_tree());
+            let q = &s.problem;
+            Engine::Fused(
+                Trainer::with_state_taking(
+                    &s.client, &s.es, &*q.model, params, q.key, &q.batch, start,
+                )
+                .context("building the generation program")?,
             )
-            .context("building the generation program")?,
-        ),
+        }
     };
     if let Some(optimizer) = &resumed_optimizer {
         trainer.resume_optimizer(optimizer)?;
     }
     group.share_optimizer(&mut trainer)?;
+    // The devices hold the parameters from here on (a checkpoint reads them back), so the
+    // host copy goes: kept, it would stay the model's size on the host for the whole run.
+    s.problem.params = empty_tree();
     let bt = trainer.build_times();
     outln!(
         out,
@@ -580,4 +590,9 @@ fn check_inputs(extra: Option<&serde_json::Value>, now: &serde_json::Value) -> R
         }
     }
     Ok(())
+}
+
+/// A parameter tree without leaves, left where the host parameters were moved out.
+fn empty_tree() -> shardes::hlo::params::ParamTree {
+    shardes::hlo::params::ParamTree::Map(Default::default())
 }
