@@ -371,12 +371,7 @@ fn keys(section: &str, problem: &str, task: Option<&str>) -> Vec<&'static str> {
                 .chain(own.iter().copied().filter(|k| !forced(k)))
                 .collect()
         }
-        // A reward run steps with sgd only: no optimizer key to offer.
-        "es" => config::ES_KEYS
-            .iter()
-            .copied()
-            .filter(|k| task.is_none() || *k != "optimizer")
-            .collect(),
+        "es" => config::ES_KEYS.to_vec(),
         _ => config::RUN_KEYS.to_vec(),
     }
 }
