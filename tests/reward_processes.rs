@@ -127,3 +127,33 @@ fn a_reward_loop_across_processes_has_the_bits_of_one_process() {
         }
     }
 }
+
+#[test]
+fn a_process_outputs_program_holds_its_own_members_on_its_own_devices() {
+    use shardes::hlo::es::{leaf_infos, Part};
+    let (cfg, tree) = model();
+    let es = spec().build(8).expect("es");
+    let decode = decode_config()
+        .spec(Qwen2::new(cfg, PROMPTS, 4))
+        .expect("spec");
+    let leaves = leaf_infos(&tree);
+    // One process's part is the outputs program itself, printed the same.
+    let whole = es.outputs_program(&decode, &leaves).expect("outputs");
+    let single = es
+        .part_outputs_program(&decode, &leaves, Part::SINGLE)
+        .expect("part");
+    assert_eq!(whole.module.to_mlir(), single.module.to_mlir());
+    // Process 1 of 2: members 8..16 on 4 devices.
+    let second = es
+        .part_outputs_program(&decode, &leaves, Part::new(1, 2).unwrap())
+        .expect("part 1 of 2");
+    assert_eq!(second.layout.n, 8);
+    assert_eq!(second.module.mesh().map(|m| m.size()), Some(4));
+    assert_ne!(second.module.to_mlir(), whole.module.to_mlir());
+    // 8 devices do not split over 3 processes.
+    let e = match es.part_outputs_program(&decode, &leaves, Part::new(0, 3).unwrap()) {
+        Ok(_) => panic!("a program for 3 processes of 8 devices"),
+        Err(e) => e.to_string(),
+    };
+    assert!(e.contains("8 devices do not split over 3 processes"), "{e}");
+}

@@ -6,7 +6,9 @@
 //! batch (`B` rows right-padded to `P`), uploads only them, and returns each member's
 //! completions trimmed to their lengths; [`PopulationDecoder::tell`] takes the host fitness;
 //! [`PopulationDecoder::decode_plain`] decodes the unperturbed parameters greedily (held-out
-//! evaluation). The parameters never leave the devices.
+//! evaluation). The parameters never leave the devices. As one process of a run across
+//! processes ([`PopulationDecoder::for_process`]) it decodes that process's members and
+//! places the update across processes ([`PopulationDecoder::tell_in`]).
 //!
 //! Completions: a row that emits an EOS id ends there, the EOS token included in its
 //! completion (and [`Decoded::ended`] set); otherwise it has `max_new` tokens.
