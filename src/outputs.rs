@@ -7,14 +7,19 @@
 //! order); the host scores them and hands the fitness to [`OutputsRunner::tell`]. The
 //! parameters, the key and the generation never leave the devices.
 
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
 use shardes_hlo::builder::{DType, TensorType};
 use shardes_hlo::es::{
-    leaf_infos, AsModel, Layout, MemberOutputs, Program, ProgramKind, ShardedES,
+    leaf_infos, AsModel, How, Layout, MemberOutputs, Part, Program, ProgramKind, ShardedES,
 };
-use shardes_hlo::params::ParamTree;
+use shardes_hlo::params::{Array, ParamTree};
 use shardes_hlo::prng::Key;
 use shardes_runtime::{gather_rows, Buffer, Client, CompileOptions, Element, Executable};
 
+use crate::distributed::update::{exclusive, HostsTell, Process};
+use crate::distributed::Distributed;
 use crate::split::HostFitness;
 use crate::state::{check_devices, replicate, DeviceState};
 use crate::Error;
@@ -90,6 +95,18 @@ impl HostArray {
     }
 }
 
+/// Refuses a fitness that is not one value per member and column.
+fn check_fitness(values: &[f32], n: usize, tasks: usize) -> Result<(), Error> {
+    if values.len() != n * tasks {
+        return Err(Error::Invalid(format!(
+            "tell got {} fitness values but the population has n = {n} members × {tasks} \
+             columns; pass one value per member and column, in member order",
+            values.len(),
+        )));
+    }
+    Ok(())
+}
+
 /// Each device's rows of one output gathered in member order.
 fn gather(shards: &[Buffer], ty: &TensorType) -> Result<HostArray, Error> {
     let dims: Vec<usize> = ty.shape.iter().map(|&d| d as usize).collect();
@@ -111,16 +128,39 @@ fn gather(shards: &[Buffer], ty: &TensorType) -> Result<HostArray, Error> {
     Ok(HostArray { dims, data })
 }
 
+/// How an [`OutputsRunner`] tells: the whole population on this process, or as one
+/// process of several.
+#[allow(clippy::large_enum_variant)] // one per runner: boxing buys nothing
+enum Teller {
+    /// One process: the tell program.
+    Local { exe: Executable, layout: Layout },
+    /// One process of several: the update placed by `how_hosts`.
+    Hosts {
+        tell: HostsTell,
+        part: Part,
+        how: How,
+        devices_lock: Option<Arc<Mutex<()>>>,
+    },
+}
+
 /// A run whose population returns outputs: the outputs program and the tell program
 /// compiled once each, the state on the devices.
+///
+/// On one process of a run across processes ([`OutputsRunner::for_process`]) the outputs
+/// program evaluates this process's members only ([`OutputsRunner::members`]) and the
+/// update is placed across processes by `how_hosts` ([`OutputsRunner::tell_in`]), as
+/// [`crate::distributed::ProcessTrainer`] places it.
 pub struct OutputsRunner {
     client: Client,
     outputs: Executable,
     /// The outputs program's layout.
     layout: Layout,
-    tell: Executable,
-    tell_layout: Layout,
+    teller: Teller,
     state: DeviceState,
+    /// The whole population (all processes').
+    n: usize,
+    /// The global ids of the members the outputs program evaluates.
+    members: Range<usize>,
 }
 
 impl OutputsRunner {
@@ -155,24 +195,114 @@ impl OutputsRunner {
         let second = es.tell_program(&AsModel(model), &leaves)?;
         let opts = CompileOptions::new(devices);
         let outputs = client.compile(&first.module.to_mlir(), &opts)?;
-        let tell = client.compile(&second.module.to_mlir(), &opts)?;
-        // The state alone: the inputs come with each call.
-        let state_layout = Layout::new(ProgramKind::Outputs, leaves, Vec::new(), es.n(), 1);
+        let exe = client.compile(&second.module.to_mlir(), &opts)?;
+        let teller = Teller::Local {
+            exe,
+            layout: second.layout,
+        };
+        Self::finish(
+            client,
+            es,
+            first.layout,
+            outputs,
+            teller,
+            params,
+            key,
+            generation,
+        )
+    }
+
+    /// [`OutputsRunner::with_state`] as process `dist.part()` of a run across processes:
+    /// `es` is the whole run's (its devices every process's), the outputs program
+    /// evaluates this process's members ([`ShardedES::part_outputs_program`]) on its own
+    /// devices, and the update is placed across processes by `how_hosts`. Every process
+    /// builds it with the same settings and state, and calls [`OutputsRunner::tell_in`]
+    /// together.
+    #[allow(clippy::too_many_arguments)]
+    pub fn for_process(
+        client: &Client,
+        es: &ShardedES,
+        model: &dyn MemberOutputs,
+        params: &ParamTree,
+        key: Key,
+        generation: u32,
+        dist: &Distributed,
+        how_hosts: How,
+    ) -> Result<OutputsRunner, Error> {
+        let part = dist.part();
+        let devices = es.local_devices(part)?;
+        check_devices(client, devices)?;
+        let leaves = leaf_infos(params);
+        let first = es.part_outputs_program(model, &leaves, part)?;
+        let programs = HostsTell::programs(es, &AsModel(model), &leaves, part, how_hosts)?;
+        let opts = CompileOptions::new(devices);
+        let outputs = client.compile(&first.module.to_mlir(), &opts)?;
+        let exes = programs
+            .iter()
+            .map(|p| client.compile(&p.module.to_mlir(), &opts))
+            .collect::<Result<Vec<_>, _>>()?;
+        let teller = Teller::Hosts {
+            tell: HostsTell::from_compiled(how_hosts, programs, exes)?,
+            part,
+            how: es.how(),
+            devices_lock: dist.device_lock(),
+        };
+        Self::finish(
+            client,
+            es,
+            first.layout,
+            outputs,
+            teller,
+            params,
+            key,
+            generation,
+        )
+    }
+
+    /// The runner of compiled programs, the state uploaded on the outputs program's
+    /// devices.
+    #[allow(clippy::too_many_arguments)]
+    fn finish(
+        client: &Client,
+        es: &ShardedES,
+        layout: Layout,
+        outputs: Executable,
+        teller: Teller,
+        params: &ParamTree,
+        key: Key,
+        generation: u32,
+    ) -> Result<OutputsRunner, Error> {
+        let members = match &teller {
+            Teller::Local { .. } => 0..es.n(),
+            Teller::Hosts { part, .. } => part.members(es.n()),
+        };
+        let devices = match &teller {
+            Teller::Local { .. } => es.devices(),
+            Teller::Hosts { part, .. } => es.local_devices(*part)?,
+        };
+        let leaves = layout.leaves.clone();
+        // The state alone: the inputs come with each call. The optimizer's state (none
+        // under sgd) lives beside the parameters and only tell reads and updates it.
+        let opt = es.optimizer().state_types(&leaves);
+        let state_layout =
+            Layout::new(ProgramKind::Outputs, leaves, Vec::new(), es.n(), 1).with_opt_state(opt);
         let state =
             DeviceState::upload(client, devices, state_layout, params, key, &[], generation)?;
         Ok(OutputsRunner {
             client: client.clone(),
             outputs,
-            layout: first.layout,
-            tell,
-            tell_layout: second.layout,
+            layout,
+            teller,
             state,
+            n: es.n(),
+            members,
         })
     }
 
     /// Runs the outputs program on the current state with `inputs` (one per
     /// [`MemberOutputs::input_types`] entry, uploaded to every device): each output as
-    /// `[n, …]` in member order. The state is unchanged.
+    /// `[m, …]` for the `m` members of [`OutputsRunner::members`] (all `n` on one process)
+    /// in member order. The state is unchanged.
     pub fn outputs(&self, inputs: &[HostArray]) -> Result<Vec<HostArray>, Error> {
         self.run(&self.outputs, &self.layout, inputs)
     }
@@ -218,6 +348,7 @@ impl OutputsRunner {
     ) -> Result<Vec<HostArray>, Error> {
         let devices = self.state.devices();
         let uploaded = self.upload(layout, inputs)?;
+        let _devices = exclusive(self.devices_lock());
         let args: Vec<Vec<&Buffer>> = (0..devices)
             .map(|d| self.state.args_with(layout, d, uploaded[d].iter()))
             .collect::<Result<_, _>>()?;
@@ -277,27 +408,103 @@ impl OutputsRunner {
 
     /// Runs `tell` with a host fitness (one value per member, lower is better: negate a
     /// reward) and advances the generation. bf16/f16 fitness is refused before anything
-    /// runs; f64 is rounded to f32.
+    /// runs; f64 is rounded to f32. A runner of one process of several refuses: it tells
+    /// with [`OutputsRunner::tell_in`].
     pub fn tell(&mut self, fitness: &HostFitness) -> Result<(), Error> {
         let values = fitness.to_f32()?;
-        let layout = &self.tell_layout;
-        if values.len() != layout.n * layout.tasks {
-            return Err(Error::Invalid(format!(
-                "tell got {} fitness values but the population has n = {} members × {} \
-                 columns; pass one value per member and column, in member order",
-                values.len(),
-                layout.n,
-                layout.tasks
-            )));
-        }
+        let Teller::Local { exe, layout } = &self.teller else {
+            return Err(Error::Invalid(
+                "this runner is one process of several: tell with tell_in and the group, on \
+                 every process together"
+                    .into(),
+            ));
+        };
+        check_fitness(&values, layout.n, layout.tasks)?;
         let devices = self.state.devices();
         let fit_dev = replicate(&self.client, &values, &layout.fitness_dims(), devices)?;
         let args: Vec<Vec<&Buffer>> = (0..devices)
             .map(|d| self.state.args_for(layout, d, Some(&fit_dev[d])))
             .collect::<Result<_, _>>()?;
-        let outs = self.tell.execute(&args)?;
-        self.state.absorb_for(&self.tell_layout, outs, 1)?;
+        let outs = exe.execute(&args)?;
+        self.state.absorb_for(layout, outs, 1)?;
         Ok(())
+    }
+
+    /// [`OutputsRunner::tell`] as one process of `dist` with every member's fitness (the
+    /// same on every process, `n × columns` in member order): the update placed across
+    /// processes, a collective under `how_hosts = B`. A one-process runner takes a group
+    /// of one process only.
+    pub fn tell_in(&mut self, dist: &Distributed, fitness: &HostFitness) -> Result<(), Error> {
+        let Teller::Hosts {
+            tell,
+            part,
+            how,
+            devices_lock,
+        } = &self.teller
+        else {
+            if dist.size() != 1 {
+                return Err(Error::Invalid(format!(
+                    "this runner evaluates the whole population in one process, but this is \
+                     one of {} processes; build it with OutputsRunner::for_process",
+                    dist.size()
+                )));
+            }
+            return self.tell(fitness);
+        };
+        if dist.part() != *part {
+            return Err(Error::Invalid(format!(
+                "this runner is process {} of {} but was told as process {} of {}; build it \
+                 with the group it is told with",
+                part.rank,
+                part.processes,
+                dist.rank(),
+                dist.size()
+            )));
+        }
+        let values = fitness.to_f32()?;
+        check_fitness(&values, self.n, self.layout_tasks())?;
+        let process = Process {
+            client: &self.client,
+            part: *part,
+            how: *how,
+            devices_lock,
+            barriers: false,
+        };
+        tell.run(&process, &mut self.state, dist, &values)?;
+        Ok(())
+    }
+
+    /// Fitness columns per member the update takes.
+    fn layout_tasks(&self) -> usize {
+        match &self.teller {
+            Teller::Local { layout, .. } => layout.tasks,
+            Teller::Hosts { tell, .. } => tell.tasks(),
+        }
+    }
+
+    /// The group's device lock where the processes share one address space.
+    fn devices_lock(&self) -> &Option<Arc<Mutex<()>>> {
+        const NONE: &Option<Arc<Mutex<()>>> = &None;
+        match &self.teller {
+            Teller::Local { .. } => NONE,
+            Teller::Hosts { devices_lock, .. } => devices_lock,
+        }
+    }
+
+    /// The global ids of the members [`OutputsRunner::outputs`] evaluates, in order (all
+    /// `n` on one process).
+    pub fn members(&self) -> Range<usize> {
+        self.members.clone()
+    }
+
+    /// The whole population's size (every process's members).
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// The devices holding this process's state.
+    pub fn devices(&self) -> usize {
+        self.state.devices()
     }
 
     /// The generation the next `outputs`/`tell` pair runs.
@@ -308,6 +515,18 @@ impl OutputsRunner {
     /// Copies the parameters back to the host (from device 0; every device holds the same).
     pub fn params(&self) -> Result<ParamTree, Error> {
         self.state.params()
+    }
+
+    /// Copies the optimizer's state back to the host (empty under sgd); see
+    /// [`crate::Trainer::optimizer_state`].
+    pub fn optimizer_state(&self) -> Result<Vec<(String, Array)>, Error> {
+        self.state.opt_state()
+    }
+
+    /// Replaces the optimizer's state on every device (e.g. a checkpoint's); see
+    /// [`crate::Trainer::set_optimizer_state`].
+    pub fn set_optimizer_state(&mut self, tensors: &[(String, Array)]) -> Result<(), Error> {
+        self.state.set_opt_state(&self.client, tensors)
     }
 
     /// The outputs program's layout (`n`, leaves, inputs, outputs).

@@ -6,7 +6,9 @@
 //! batch (`B` rows right-padded to `P`), uploads only them, and returns each member's
 //! completions trimmed to their lengths; [`PopulationDecoder::tell`] takes the host fitness;
 //! [`PopulationDecoder::decode_plain`] decodes the unperturbed parameters greedily (held-out
-//! evaluation). The parameters never leave the devices.
+//! evaluation). The parameters never leave the devices. As one process of a run across
+//! processes ([`PopulationDecoder::for_process`]) it decodes that process's members and
+//! places the update across processes ([`PopulationDecoder::tell_in`]).
 //!
 //! Completions: a row that emits an EOS id ends there, the EOS token included in its
 //! completion (and [`Decoded::ended`] set); otherwise it has `max_new` tokens.
@@ -19,15 +21,17 @@ pub use source::{load_qwen2, LoadedQwen2};
 
 pub use shardes_hlo::decode::{Bounded, DecodeShape, DecodeSpec, Decoder, PlainRows, Sampling};
 
+use std::ops::Range;
 use std::sync::OnceLock;
 
 use shardes_hlo::es::strategy::LowRank;
-use shardes_hlo::es::{leaf_infos, Program, ShardedES, WithTasks};
-use shardes_hlo::params::ParamTree;
+use shardes_hlo::es::{leaf_infos, How, Program, ShardedES, WithTasks};
+use shardes_hlo::params::{Array, ParamTree};
 use shardes_hlo::prng::Key;
 use shardes_runtime::{Client, Executable};
 use thiserror::Error;
 
+use crate::distributed::Distributed;
 use crate::outputs::{HostArray, OutputsRunner};
 use crate::split::HostFitness;
 use crate::Error;
@@ -178,12 +182,49 @@ impl PopulationDecoder {
         generation: u32,
         config: DecodeConfig,
     ) -> Result<PopulationDecoder, Error> {
-        let vocab = usize::try_from(decoder.vocab()).unwrap_or(0);
         let spec = config.spec(decoder.clone())?;
         let grouped = WithTasks(&spec, config.groups);
         let runner = OutputsRunner::with_state(client, es, &grouped, params, key, generation)?;
+        Self::around(runner, es, decoder, params, config)
+    }
+
+    /// [`PopulationDecoder::with_state`] as process `dist.part()` of a run across
+    /// processes ([`OutputsRunner::for_process`]): `es` is the whole run's; each
+    /// [`PopulationDecoder::decode`] decodes this process's members
+    /// ([`PopulationDecoder::members`]) and [`PopulationDecoder::tell_in`] places the
+    /// update across processes by `how_hosts`. The evaluation program decodes the
+    /// unperturbed parameters on this process's devices, the same tokens on every process.
+    #[allow(clippy::too_many_arguments)]
+    pub fn for_process<D: Decoder + Clone>(
+        client: &Client,
+        es: &ShardedES,
+        decoder: D,
+        params: &ParamTree,
+        key: Key,
+        generation: u32,
+        config: DecodeConfig,
+        dist: &Distributed,
+        how_hosts: How,
+    ) -> Result<PopulationDecoder, Error> {
+        let spec = config.spec(decoder.clone())?;
+        let grouped = WithTasks(&spec, config.groups);
+        let runner = OutputsRunner::for_process(
+            client, es, &grouped, params, key, generation, dist, how_hosts,
+        )?;
+        Self::around(runner, es, decoder, params, config)
+    }
+
+    /// The decoder over `runner`, with the evaluation program for its devices.
+    fn around<D: Decoder + Clone>(
+        runner: OutputsRunner,
+        es: &ShardedES,
+        decoder: D,
+        params: &ParamTree,
+        config: DecodeConfig,
+    ) -> Result<PopulationDecoder, Error> {
+        let vocab = usize::try_from(decoder.vocab()).unwrap_or(0);
         // Evaluation: the unperturbed parameters, one member per device, greedy.
-        let devices = es.devices();
+        let devices = runner.devices();
         let eval_es = ShardedES::new(
             Box::new(LowRank { r: 1 }),
             devices,
@@ -290,11 +331,12 @@ impl PopulationDecoder {
     }
 
     /// Every member's completions of `prompts` (at most `batch`, each of 1 to `prompt_len`
-    /// tokens, refused otherwise with a [`DecodeError`]).
+    /// tokens, refused otherwise with a [`DecodeError`]): the members of
+    /// [`PopulationDecoder::members`], in order.
     pub fn decode(&self, prompts: &[Vec<u32>]) -> Result<Decoded, Error> {
         let inputs = self.inputs(prompts)?;
         let out = self.runner.outputs(&inputs)?;
-        self.completions(&out, self.runner.layout().n, prompts.len())
+        self.completions(&out, self.runner.members().len(), prompts.len())
     }
 
     /// The unperturbed parameters' greedy completions of `prompts` (for evaluation), one
@@ -320,6 +362,18 @@ impl PopulationDecoder {
         self.runner.tell(fitness)
     }
 
+    /// [`PopulationDecoder::tell`] as one process of `dist`, every member's fitness given
+    /// (the same on every process); see [`OutputsRunner::tell_in`].
+    pub fn tell_in(&mut self, dist: &Distributed, fitness: &HostFitness) -> Result<(), Error> {
+        self.runner.tell_in(dist, fitness)
+    }
+
+    /// The global ids of the members [`PopulationDecoder::decode`] decodes (all `n` on one
+    /// process).
+    pub fn members(&self) -> Range<usize> {
+        self.runner.members()
+    }
+
     /// The generation the next decode/tell pair runs.
     pub fn generation(&self) -> u32 {
         self.runner.generation()
@@ -330,9 +384,19 @@ impl PopulationDecoder {
         self.runner.params()
     }
 
-    /// The population size.
+    /// The population size (every process's members).
     pub fn n(&self) -> usize {
-        self.runner.layout().n
+        self.runner.n()
+    }
+
+    /// Copies the optimizer's state back to the host (empty under sgd).
+    pub fn optimizer_state(&self) -> Result<Vec<(String, Array)>, Error> {
+        self.runner.optimizer_state()
+    }
+
+    /// Replaces the optimizer's state on every device (a resumed checkpoint's).
+    pub fn set_optimizer_state(&mut self, tensors: &[(String, Array)]) -> Result<(), Error> {
+        self.runner.set_optimizer_state(tensors)
     }
 
     /// What this decoder was compiled for.

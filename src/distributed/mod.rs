@@ -29,6 +29,7 @@
 mod mpi;
 pub mod threads;
 mod trainer;
+pub(crate) mod update;
 
 use std::ops::Range;
 use std::sync::{Arc, Mutex};

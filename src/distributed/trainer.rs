@@ -3,7 +3,7 @@
 //! or of a one-process [`SplitTrainer`].
 
 use std::ops::Range;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use shardes_hlo::es::{How, Layout, Model, Part, ShardedES};
@@ -11,9 +11,10 @@ use shardes_hlo::params::{Array, ParamTree};
 use shardes_hlo::prng::Key;
 use shardes_runtime::{gather_rows, Buffer, Client, CompileOptions, Executable};
 
+use super::update::{barrier_ms, exclusive, HostsTell, Process};
 use super::{Distributed, DistributedError};
 use crate::split::{HostFitness, SplitTrainer};
-use crate::state::{check_devices, replicate, DeviceState};
+use crate::state::{check_devices, DeviceState};
 use crate::trainer::BuildTimes;
 use crate::Error;
 
@@ -43,22 +44,6 @@ pub struct Phases {
     pub exchange_bytes: usize,
 }
 
-/// The update across processes: the whole population's `tell` on every process (`A`), or
-/// each process's partial sum, added across processes, then the update (`B`).
-#[allow(clippy::large_enum_variant)] // one per trainer: boxing buys nothing
-enum Tell {
-    Whole {
-        exe: Executable,
-        layout: Layout,
-    },
-    Shares {
-        partial: Executable,
-        partial_layout: Layout,
-        update: Executable,
-        update_layout: Layout,
-    },
-}
-
 /// One process's part of a population across processes (see the module docs of
 /// [`super`]): compiled `ask + apply` of its own members and the update placed by
 /// `how_hosts`, with the state on its own devices.
@@ -76,7 +61,7 @@ pub struct ProcessTrainer {
     /// Placement inside the process: under `B` each device's partial sum is its own.
     how: How,
     ask_apply: Executable,
-    tell: Tell,
+    tell: HostsTell,
     state: DeviceState,
     times: BuildTimes,
     phases: Phases,
@@ -109,13 +94,7 @@ impl ProcessTrainer {
         let leaves = shardes_hlo::es::leaf_infos(params);
         let first = es.part_ask_apply_program(model, &leaves, part)?;
         let mut texts = vec![first.module.to_mlir()];
-        let second = match how_hosts {
-            How::A => vec![es.part_tell_program(model, &leaves, part)?],
-            How::B => vec![
-                es.partial_program(model, &leaves, part)?,
-                es.update_program(&leaves, part)?,
-            ],
-        };
+        let second = HostsTell::programs(es, model, &leaves, part, how_hosts)?;
         texts.extend(second.iter().map(|p| p.module.to_mlir()));
         let emit_ms = t0.elapsed().as_secs_f64() * 1e3;
         let t1 = Instant::now();
@@ -123,32 +102,10 @@ impl ProcessTrainer {
         let mut exes = texts
             .iter()
             .map(|t| client.compile(t, &opts))
-            .collect::<Result<Vec<_>, _>>()?
-            .into_iter();
+            .collect::<Result<Vec<_>, _>>()?;
         let compile_ms = t1.elapsed().as_secs_f64() * 1e3;
-        let mut next = || {
-            exes.next()
-                .ok_or_else(|| Error::Invalid("a program was not compiled".into()))
-        };
-        let ask_apply = next()?;
-        let mut layouts = second.into_iter().map(|p| p.layout);
-        let mut layout = || {
-            layouts
-                .next()
-                .ok_or_else(|| Error::Invalid("a program has no layout".into()))
-        };
-        let tell = match how_hosts {
-            How::A => Tell::Whole {
-                exe: next()?,
-                layout: layout()?,
-            },
-            How::B => Tell::Shares {
-                partial: next()?,
-                partial_layout: layout()?,
-                update: next()?,
-                update_layout: layout()?,
-            },
-        };
+        let ask_apply = exes.remove(0);
+        let tell = HostsTell::from_compiled(how_hosts, second, exes)?;
         let state = DeviceState::upload(
             client,
             devices,
@@ -187,12 +144,7 @@ impl ProcessTrainer {
 
     /// A barrier, when timing them: its milliseconds.
     fn wait(&self, dist: &Distributed) -> Result<f64, Error> {
-        if !self.barriers {
-            return Ok(0.0);
-        }
-        let t0 = Instant::now();
-        dist.barrier()?;
-        Ok(t0.elapsed().as_secs_f64() * 1e3)
+        barrier_ms(dist, self.barriers)
     }
 
     /// Refuses a group other than the one this trainer was built for.
@@ -290,79 +242,15 @@ impl ProcessTrainer {
             )));
         }
         let t0 = Instant::now();
-        let devices = self.state.devices();
-        let mut exchange_ms = 0.0;
-        let mut exchange_wait = 0.0;
-        let mut exchange_bytes = 0;
-        match &self.tell {
-            Tell::Whole { exe, layout } => {
-                let _devices = exclusive(&self.devices_lock);
-                let fit = replicate(&self.client, values, &layout.fitness_dims(), devices)?;
-                let args: Vec<Vec<&Buffer>> = (0..devices)
-                    .map(|d| self.state.args_for(layout, d, Some(&fit[d])))
-                    .collect::<Result<_, _>>()?;
-                let outs = exe.execute(&args)?;
-                self.state.absorb_for(layout, outs, 1)?;
-                // The phases end when the parameters are ready, not when the dispatch
-                // returns (and the devices are free when the lock is released).
-                self.state.sync()?;
-            }
-            Tell::Shares {
-                partial,
-                partial_layout,
-                update,
-                update_layout,
-            } => {
-                let devices_held = exclusive(&self.devices_lock);
-                let fit = replicate(
-                    &self.client,
-                    values,
-                    &partial_layout.fitness_dims(),
-                    devices,
-                )?;
-                let args: Vec<Vec<&Buffer>> = (0..devices)
-                    .map(|d| self.state.args_for(partial_layout, d, Some(&fit[d])))
-                    .collect::<Result<_, _>>()?;
-                // Each device's own sums (under how = A every device holds the same).
-                let parts = if self.how == How::B { devices } else { 1 };
-                let mut u = Vec::new();
-                for out in partial.execute(&args)?.into_iter().take(parts) {
-                    for b in partial_layout.split_results(out)?.params {
-                        u.extend(b.to_host::<f32>()?);
-                    }
-                }
-                // Not held across the collective: the other processes need the devices to
-                // reach it.
-                drop(devices_held);
-                exchange_wait = self.wait(dist)?;
-                let t1 = Instant::now();
-                let sum = dist.sum_in_rank_order(&u, parts)?;
-                exchange_ms = t1.elapsed().as_secs_f64() * 1e3;
-                let p = self.part.processes;
-                exchange_bytes = 4 * (parts + 1) * (u.len() / parts).div_ceil(p) * (p - 1);
-                let _devices = exclusive(&self.devices_lock);
-                let mut u_dev: Vec<Vec<Buffer>> = Vec::with_capacity(update_layout.sums.len());
-                let mut at = 0;
-                for leaf in &update_layout.sums {
-                    let dims: Vec<usize> = leaf.shape.iter().map(|&d| d as usize).collect();
-                    let len: usize = dims.iter().product();
-                    let part = sum.get(at..at + len).ok_or_else(|| {
-                        Error::Invalid("the summed update is shorter than the leaves".into())
-                    })?;
-                    u_dev.push(replicate(&self.client, part, &dims, devices)?);
-                    at += len;
-                }
-                let args: Vec<Vec<&Buffer>> = (0..devices)
-                    .map(|d| {
-                        self.state
-                            .args_with(update_layout, d, u_dev.iter().map(|u| &u[d]))
-                    })
-                    .collect::<Result<_, _>>()?;
-                let outs = update.execute(&args)?;
-                self.state.absorb_for(update_layout, outs, 1)?;
-                self.state.sync()?;
-            }
-        }
+        let process = Process {
+            client: &self.client,
+            part: self.part,
+            how: self.how,
+            devices_lock: &self.devices_lock,
+            barriers: self.barriers,
+        };
+        let ex = self.tell.run(&process, &mut self.state, dist, values)?;
+        let (exchange_ms, exchange_wait, exchange_bytes) = (ex.ms, ex.wait_ms, ex.bytes);
         self.phases.rest_ms = t0.elapsed().as_secs_f64() * 1e3 - exchange_ms - exchange_wait;
         self.phases.exchange_ms = exchange_ms;
         self.phases.wait_ms += exchange_wait;
@@ -429,13 +317,6 @@ impl ProcessTrainer {
     pub fn layout(&self) -> &Layout {
         &self.state.layout
     }
-}
-
-/// Holds a group's device lock, where it has one, while the guard lives.
-fn exclusive(lock: &Option<Arc<Mutex<()>>>) -> Option<MutexGuard<'_, ()>> {
-    // A poisoned lock only means another thread panicked; the devices are still usable.
-    lock.as_ref()
-        .map(|l| l.lock().unwrap_or_else(|e| e.into_inner()))
 }
 
 /// What a loop that computes the fitness on the host needs, on one process

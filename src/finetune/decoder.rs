@@ -1,7 +1,10 @@
 //! [`PopulationDecoder`] as the reward loop's [`Sampler`].
 
+use std::ops::Range;
+
 use crate::decode::PopulationDecoder;
-use crate::hlo::params::ParamTree;
+use crate::distributed::Distributed;
+use crate::hlo::params::{Array, ParamTree};
 use crate::split::HostFitness;
 use crate::Error;
 
@@ -36,5 +39,21 @@ impl Sampler for PopulationDecoder {
 
     fn params(&self) -> Result<ParamTree, Error> {
         PopulationDecoder::params(self)
+    }
+
+    fn members(&self) -> Range<usize> {
+        PopulationDecoder::members(self)
+    }
+
+    fn tell_in(&mut self, dist: &Distributed, fitness: Vec<f32>) -> Result<(), Error> {
+        PopulationDecoder::tell_in(self, dist, &HostFitness::F32(fitness))
+    }
+
+    fn optimizer_state(&self) -> Result<Vec<(String, Array)>, Error> {
+        PopulationDecoder::optimizer_state(self)
+    }
+
+    fn set_optimizer_state(&mut self, tensors: &[(String, Array)]) -> Result<(), Error> {
+        PopulationDecoder::set_optimizer_state(self, tensors)
     }
 }

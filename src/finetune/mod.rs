@@ -22,11 +22,13 @@ mod evals;
 mod task;
 mod text;
 
+use std::ops::Range;
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use crate::hlo::params::ParamTree;
+use crate::distributed::Distributed;
+use crate::hlo::params::{Array, ParamTree};
 use crate::Error;
 
 pub use evals::{read_evals, truncate_evals, EvalWriter};
@@ -52,6 +54,45 @@ pub trait Sampler {
     fn tell(&mut self, fitness: Vec<f32>) -> Result<(), Error>;
     /// The parameters, copied to the host.
     fn params(&self) -> Result<ParamTree, Error>;
+
+    /// The global ids of the members [`Sampler::decode`] returns, in order: all `n` on one
+    /// process, this process's share in a run across processes
+    /// ([`crate::decode::ProcessDecoder`]).
+    fn members(&self) -> Range<usize> {
+        0..self.population()
+    }
+
+    /// [`Sampler::tell`] as one process of `dist` with every member's fitness (the same on
+    /// every process): a collective where the update is exchanged between processes. A
+    /// one-process sampler refuses a group of several.
+    fn tell_in(&mut self, dist: &Distributed, fitness: Vec<f32>) -> Result<(), Error> {
+        if dist.size() != 1 {
+            return Err(Error::Invalid(format!(
+                "this sampler decodes the whole population in one process, but this is one of                  {} processes; use a ProcessDecoder",
+                dist.size()
+            )));
+        }
+        self.tell(fitness)
+    }
+
+    /// The optimizer's state, copied to the host (empty under sgd, the default).
+    fn optimizer_state(&self) -> Result<Vec<(String, Array)>, Error> {
+        Ok(Vec::new())
+    }
+
+    /// Replaces the optimizer's state (a resumed checkpoint's); a sampler without one
+    /// refuses any tensor.
+    fn set_optimizer_state(&mut self, tensors: &[(String, Array)]) -> Result<(), Error> {
+        if tensors.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Invalid(format!(
+                "this sampler keeps no optimizer state but {} tensors were given; resume with \
+                 the optimizer the state was written by",
+                tensors.len()
+            )))
+        }
+    }
 }
 
 impl<S: Sampler + ?Sized> Sampler for Box<S> {
@@ -72,6 +113,18 @@ impl<S: Sampler + ?Sized> Sampler for Box<S> {
     }
     fn params(&self) -> Result<ParamTree, Error> {
         (**self).params()
+    }
+    fn members(&self) -> Range<usize> {
+        (**self).members()
+    }
+    fn tell_in(&mut self, dist: &Distributed, fitness: Vec<f32>) -> Result<(), Error> {
+        (**self).tell_in(dist, fitness)
+    }
+    fn optimizer_state(&self) -> Result<Vec<(String, Array)>, Error> {
+        (**self).optimizer_state()
+    }
+    fn set_optimizer_state(&mut self, tensors: &[(String, Array)]) -> Result<(), Error> {
+        (**self).set_optimizer_state(tensors)
     }
 }
 
@@ -223,8 +276,24 @@ impl<S: Sampler> RewardLoop<S> {
         &self.codec
     }
 
+    /// The sampler, mutably (to set a resumed optimizer state).
+    pub fn sampler_mut(&mut self) -> &mut S {
+        &mut self.sampler
+    }
+
     /// Runs one generation: prompts, decode, rewards, `tell`.
     pub fn step(&mut self) -> Result<GenerationReport, Error> {
+        self.step_in(&Distributed::single())
+    }
+
+    /// [`RewardLoop::step`] as one process of `dist`, every process together: each picks
+    /// the same prompts (they derive from the seed and the generation), decodes and scores
+    /// its own members ([`Sampler::members`]); the rewards (with each process's token and
+    /// failure counts) are gathered in rank order, which is member order, like the fitness;
+    /// every process shapes the same fitness from them and tells
+    /// ([`Sampler::tell_in`]). The report is the whole population's, the same on every
+    /// process (but the timings).
+    pub fn step_in(&mut self, dist: &Distributed) -> Result<GenerationReport, Error> {
         let t_host = Instant::now();
         let generation = self.sampler.generation();
         let batch = self
@@ -240,20 +309,26 @@ impl<S: Sampler> RewardLoop<S> {
         let decoded = self.sampler.decode(&ids)?;
         let decode_secs = t_dec.elapsed().as_secs_f64();
         let t_host = Instant::now();
-        let n = self.sampler.population();
+        let m = self.sampler.members().len();
         let b = ids.len();
-        if decoded.len() != n || decoded.iter().any(|m| m.len() != b) {
+        if decoded.len() != m || decoded.iter().any(|c| c.len() != b) {
             return Err(Error::Invalid(format!(
-                "the sampler returned {} members of {:?} completions; expected {n} × {b}",
+                "the sampler returned {} members of {:?} completions; expected {m} × {b}",
                 decoded.len(),
                 decoded.iter().map(Vec::len).collect::<Vec<_>>()
             )));
         }
         let flat: Vec<Vec<u32>> = decoded.into_iter().flatten().collect();
-        let tokens = flat.iter().map(Vec::len).sum();
+        let tokens: usize = flat.iter().map(Vec::len).sum();
         let completions = self.codec.completions(flat)?;
         let scores = batch.score(&completions)?;
-        let rewards = scores.rewards;
+        host += t_host.elapsed().as_secs_f64();
+        let (rewards, tokens, contained) = if dist.size() == 1 {
+            (scores.rewards, tokens, scores.contained.len())
+        } else {
+            gather_rewards(dist, scores.rewards, tokens, scores.contained.len())?
+        };
+        let t_host = Instant::now();
         let fitness: Vec<f32> = if self.settings.grouped {
             rewards.iter().map(|r| -r).collect()
         } else {
@@ -263,7 +338,7 @@ impl<S: Sampler> RewardLoop<S> {
                 .collect()
         };
         host += t_host.elapsed().as_secs_f64();
-        self.sampler.tell(fitness.clone())?;
+        self.sampler.tell_in(dist, fitness.clone())?;
         Ok(GenerationReport {
             generation,
             mean_reward: mean(rewards.iter().map(|&r| f64::from(r))),
@@ -274,7 +349,7 @@ impl<S: Sampler> RewardLoop<S> {
             tokens,
             decode_secs,
             host_secs: host,
-            contained: scores.contained.len(),
+            contained,
         })
     }
 
@@ -326,6 +401,44 @@ impl<S: Sampler> RewardLoop<S> {
                 .collect(),
         })
     }
+}
+
+/// Every process's `rewards` (its members' × prompts, row-major), in rank order, with
+/// the totals of the processes' `tokens` and `contained` counts: one gather of `rewards`
+/// and the two counts (whole numbers, exact in f32 below 2^24, which is checked).
+fn gather_rewards(
+    dist: &Distributed,
+    mut rewards: Vec<f32>,
+    tokens: usize,
+    contained: usize,
+) -> Result<(Vec<f32>, usize, usize), Error> {
+    const EXACT: usize = 1 << 24;
+    if tokens >= EXACT || contained >= EXACT {
+        return Err(Error::Invalid(format!(
+            "a process generated {tokens} tokens ({contained} contained rewards) in one \
+             generation, beyond the 2^24 the reward gather counts exactly; lower task.prompts \
+             or task.max_new_tokens"
+        )));
+    }
+    let per = rewards.len() + 2;
+    rewards.push(tokens as f32);
+    rewards.push(contained as f32);
+    let all = dist.gather_fitness(&rewards)?;
+    if all.len() != per * dist.size() {
+        return Err(Error::Invalid(format!(
+            "the reward gather returned {} values for {} processes of {per}",
+            all.len(),
+            dist.size()
+        )));
+    }
+    let (mut out, mut tokens, mut contained) = (Vec::with_capacity(all.len()), 0, 0);
+    for part in all.chunks(per) {
+        out.extend_from_slice(&part[..per - 2]);
+        // Whole numbers below 2^24 on every process: exact.
+        tokens += part[per - 2] as usize;
+        contained += part[per - 1] as usize;
+    }
+    Ok((out, tokens, contained))
 }
 
 /// `‖a − b‖₂` over every leaf, accumulated in f64; the trees must have the same leaves.

@@ -708,12 +708,6 @@ impl Config {
             return Ok(());
         };
         task.check()?;
-        if !self.es.optimizer.is_default() {
-            return Err(ConfigError::new(
-                "es.optimizer with a [task]: reward runs step with sgd only in this version",
-                "remove es.optimizer (sgd is the update both ES papers use)",
-            ));
-        }
         let ProblemConfig::Qwen2 {
             data, batch, seq, ..
         } = &self.problem

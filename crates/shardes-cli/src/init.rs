@@ -377,12 +377,10 @@ fn keys(section: &str, problem: &str, task: Option<&str>) -> Vec<&'static str> {
                 .chain(own.iter().copied().filter(|k| !forced(k)))
                 .collect()
         }
-        // A reward run steps with sgd only: no optimizer key to offer. A qwen2 starter sets
-        // its dtype as problem.compute_dtype, the same setting.
+        // A qwen2 starter sets its dtype as problem.compute_dtype, the same setting.
         "es" => config::ES_KEYS
             .iter()
             .copied()
-            .filter(|k| task.is_none() || *k != "optimizer")
             .filter(|k| problem != "qwen2" || *k != "compute_dtype")
             .collect(),
         _ => config::RUN_KEYS.to_vec(),

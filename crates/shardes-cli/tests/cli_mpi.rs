@@ -517,3 +517,123 @@ fn bench_under_mpirun_times_the_phases_on_every_process() {
     // 16 members of 4 bytes to the other process; B sends its partial sums too.
     assert!(stdout.contains("fitness 64 B, update 0 B"), "{stdout}");
 }
+
+/// A reward run (`[task]` target_token on the tiny random Qwen2) on `devices` devices per
+/// process, with `es` lines added under [es].
+fn reward_config(out: &Path, devices: usize, es: &str, generations: usize) -> String {
+    format!(
+        r#"devices = {devices}
+[problem]
+name = "qwen2"
+size = "tiny"
+[es]
+strategy = "mirrored(lowrank(r=1))"
+n = 32
+sigma = 0.05
+lr = 0.05
+shaping = "centered_ranks"
+how = "B"
+{es}
+[task]
+name = "target_token"
+token = 7
+prompts = 2
+prompt_tokens = 4
+prompt_len = 4
+max_new_tokens = 6
+[eval]
+every = 2
+prompts = 4
+[run]
+seed = 0
+generations = {generations}
+out = "{}"
+checkpoint_every = 2
+"#,
+        out.display()
+    )
+}
+
+/// Every metrics line without its timings (fitness, reward, accuracy, format).
+fn reward_metrics(out: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(out.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            let o = v.as_object_mut().unwrap();
+            o.remove("ms");
+            let x = o["extra"].as_object_mut().unwrap();
+            x.remove("tok/s");
+            x.remove("host_share");
+            v
+        })
+        .collect()
+}
+
+#[test]
+fn a_reward_run_on_two_processes_matches_one() {
+    // Each process decodes and scores its own 16 members, the rewards are gathered in
+    // member order and every process tells with all of them: with how = B inside the
+    // processes the programs compute one process's bits, so the metrics, the eval lines
+    // (decoded by the lead) and the parameters equal 1 × 8's exactly, with how_hosts A and
+    // B. adam's step is a program of its own under B (1e-5 relative, as for the fitness
+    // runs); its state is checkpointed by the lead and resumed on every process.
+    let dir = tempfile::tempdir().unwrap();
+    let one = dir.path().join("one");
+    run(
+        1,
+        &write(dir.path(), "one.toml", &reward_config(&one, 8, "", 4)),
+        &[],
+    );
+    let want = reward_metrics(&one);
+    assert_eq!(want.len(), 4);
+    assert!(
+        want.iter()
+            .any(|m| m["fitness_min"].as_f64() < m["fitness_max"].as_f64()),
+        "the rewards never differ between members: {want:?}"
+    );
+    let evals = |out: &Path| std::fs::read_to_string(out.join("eval.jsonl")).unwrap();
+    for hosts in ["A", "B"] {
+        let out = dir.path().join(format!("two{hosts}"));
+        let es = format!("how_hosts = \"{hosts}\"");
+        let cfg = write(dir.path(), "two.toml", &reward_config(&out, 4, &es, 4));
+        let o = run(2, &cfg, &[]);
+        assert!(text(&o).0.contains("processes 2 × 4 devices"), "{hosts}");
+        assert_eq!(reward_metrics(&out), want, "how_hosts {hosts}");
+        assert_eq!(evals(&out), evals(&one), "how_hosts {hosts}");
+        assert_eq!(trajectory(&out).1, trajectory(&one).1, "how_hosts {hosts}");
+    }
+
+    // adam: 1 × 8 for 4 generations against 2 × 4 for 2, resumed under 2 × 4 for 2 more.
+    let adam = "how_hosts = \"B\"\noptimizer = \"adam\"";
+    let reference = dir.path().join("adam1");
+    run(
+        1,
+        &write(
+            dir.path(),
+            "a1.toml",
+            &reward_config(&reference, 8, adam, 4),
+        ),
+        &[],
+    );
+    let out = dir.path().join("adam2");
+    run(
+        2,
+        &write(dir.path(), "a2.toml", &reward_config(&out, 4, adam, 2)),
+        &[],
+    );
+    let cfg = write(dir.path(), "a2.toml", &reward_config(&out, 4, adam, 4));
+    let o = run(2, &cfg, &["--resume"]);
+    assert!(text(&o).0.contains("resuming at generation 2"));
+    let diff = worst_leaf(&params(&out), &params(&reference));
+    assert!(
+        diff <= 1e-5,
+        "adam across processes after a resume: {diff:e}"
+    );
+    assert_ne!(
+        trajectory(&reference).1,
+        trajectory(&one).1,
+        "adam stepped as sgd"
+    );
+}

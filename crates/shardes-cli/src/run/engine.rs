@@ -43,7 +43,7 @@ impl Engine {
                 fitness: t.step(group.dist()?)?,
                 extra: BTreeMap::new(),
             }),
-            Engine::Reward(r) => r.step(),
+            Engine::Reward(r) => r.step(group.dist()?),
             Engine::Host(t) => {
                 let fitness = t.step()?;
                 let mut extra = BTreeMap::new();
@@ -69,14 +69,31 @@ impl Engine {
         })
     }
 
-    /// The optimizer's state on the host (empty under sgd, and for a reward run, which
-    /// takes sgd only).
+    /// The optimizer's state on the host (empty under sgd, and for host simulations,
+    /// which take sgd only).
     pub fn optimizer_state(&self) -> Result<Vec<(String, Array)>> {
         Ok(match self {
             Engine::Fused(t) => t.optimizer_state()?,
             Engine::Processes(t) => t.optimizer_state()?,
-            Engine::Reward(_) | Engine::Host(_) => Vec::new(),
+            Engine::Reward(r) => r.optimizer_state()?,
+            Engine::Host(_) => Vec::new(),
         })
+    }
+
+    /// Replaces the optimizer state on this process's devices (every process passes the
+    /// same); nothing to do without one.
+    pub fn set_optimizer_state(&mut self, tensors: &[(String, Array)]) -> Result<()> {
+        match self {
+            Engine::Fused(t) => t.set_optimizer_state(tensors)?,
+            Engine::Processes(t) => t.set_optimizer_state(tensors)?,
+            Engine::Reward(r) => r.set_optimizer_state(tensors)?,
+            Engine::Host(_) if tensors.is_empty() => {}
+            Engine::Host(_) => anyhow::bail!(
+                "a host-simulation run keeps no optimizer state; resume with the config that \
+                 started the run"
+            ),
+        }
+        Ok(())
     }
 
     /// Sets a resumed checkpoint's optimizer state (`tensors`, empty under sgd), refusing
@@ -88,6 +105,9 @@ impl Engine {
             }
             Engine::Processes(t) if !tensors.is_empty() || !t.optimizer_state()?.is_empty() => {
                 t.set_optimizer_state(tensors)
+            }
+            Engine::Reward(r) if !tensors.is_empty() || !r.optimizer_state()?.is_empty() => {
+                r.set_optimizer_state(tensors)
             }
             _ => Ok(()),
         };

@@ -336,7 +336,7 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
         _ if group.size() > 1 => group
             .engine(&s, &p.params, start)
             .context("building this process's programs")?,
-        (Some(_), _) => Engine::Reward(Box::new(reward::build(&s, start)?)),
+        (Some(_), _) => Engine::Reward(Box::new(reward::build(&s, start, None)?)),
         (None, Some(h)) => Engine::Host(Box::new(
             HostTrainer::new(&s.client, &s.es, h, &p.params, p.key, start)
                 .context("building the policy step and tell programs")?,

@@ -28,13 +28,14 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use shardes::distributed::{bytes_digest, Distributed, ProcessTrainer};
+use shardes::distributed::{bytes_digest, params_digest, Distributed, ProcessTrainer};
 use shardes::hlo::es::check_processes;
 use shardes::hlo::params::Array;
 use shardes::hlo::params::ParamTree;
 
 use super::engine::Engine;
 use super::finite;
+use super::reward;
 use super::signals::{Signal, Stop};
 use crate::config::{es_error, Config, ConfigError};
 use crate::setup::{self, Setup};
@@ -216,11 +217,23 @@ impl Group {
                 "run it without mpirun (one process with all its devices)",
             )
         };
-        if config.task.is_some() {
-            return Err(one_process("a reward run ([task])").into());
-        }
         let mut all = config.clone();
         all.devices = config.devices * self.size;
+        if config.task.is_some() {
+            // The ES of the whole run; the model to decode with, as on one process.
+            let (problem, loaded) = setup::decoding_problem(config)?;
+            let es = setup::es(&all)?;
+            let leaves = shardes::hlo::es::leaf_infos(&problem.params);
+            crate::config::sigma::check_leaves(&es, &leaves)?;
+            return Ok(Setup {
+                config: config.clone(),
+                es,
+                problem,
+                client: setup::client(config)?,
+                decode: Some(loaded),
+                host: None,
+            });
+        }
         let (es, problem, host) = setup::problem(&all)?;
         if host.is_some() {
             return Err(one_process("a MuJoCo run ([problem] mjcf)").into());
@@ -252,8 +265,17 @@ impl Group {
     }
 
     /// This process's engine in a run across processes: the [`ProcessTrainer`] (placed
-    /// by `es.how_hosts`), refusing what does not run across processes yet.
+    /// by `es.how_hosts`), or for a `[task]` the reward run decoding this process's members
+    /// (on `s.problem.params`, which the caller set to `params`).
     pub fn engine(&self, s: &Setup, params: &ParamTree, start: u32) -> Result<Engine> {
+        if s.config.task.is_some() {
+            let group = (self.dist()?, s.config.es.hosts_how());
+            return Ok(Engine::Reward(Box::new(reward::build(
+                s,
+                start,
+                Some(group),
+            )?)));
+        }
         let p = &s.problem;
         Ok(Engine::Processes(Box::new(ProcessTrainer::new(
             &s.client,
@@ -271,11 +293,11 @@ impl Group {
     /// The lead's optimizer state (its resumed checkpoint's, or zeros) on every process:
     /// a collective under a stateful optimizer across processes, nothing otherwise.
     pub fn share_optimizer(&self, engine: &mut Engine) -> Result<()> {
-        let Engine::Processes(t) = engine else {
+        if self.size == 1 {
             return Ok(());
-        };
-        let mine = t.optimizer_state()?;
-        if self.size == 1 || mine.is_empty() {
+        }
+        let mine = engine.optimizer_state()?;
+        if mine.is_empty() {
             return Ok(());
         }
         let bytes: Vec<u8> = mine
@@ -297,7 +319,7 @@ impl Group {
             }
             tensors.push((name.clone(), Array::new(a.shape().to_vec(), data)?));
         }
-        t.set_optimizer_state(&tensors)?;
+        engine.set_optimizer_state(&tensors)?;
         Ok(())
     }
 
@@ -321,12 +343,19 @@ impl Group {
     /// due there ([`PARAM_CHECK_EVERY`], a checkpoint, or `last`); a failure names the
     /// generation.
     pub fn check(&self, engine: &Engine, done: u32, every: usize, last: bool) -> Result<()> {
-        let Engine::Processes(t) = engine else {
-            return Ok(());
-        };
         let checkpoint = every > 0 && (done as usize).is_multiple_of(every);
-        if last || checkpoint || done.is_multiple_of(PARAM_CHECK_EVERY) {
-            t.check_params(self.dist()?, done)?;
+        if self.size == 1 || !(last || checkpoint || done.is_multiple_of(PARAM_CHECK_EVERY)) {
+            return Ok(());
+        }
+        match engine {
+            Engine::Processes(t) => t.check_params(self.dist()?, done)?,
+            Engine::Reward(r) => self.dist()?.agree(
+                &format!("the parameters at generation {done}"),
+                params_digest(&r.params()?),
+                "the processes ran different programs or hardware; rerun from the last \
+                 checkpoint, on the same plugin and machine type for every process",
+            )?,
+            Engine::Fused(_) | Engine::Host(_) => {}
         }
         Ok(())
     }
@@ -354,13 +383,14 @@ pub fn follow(
     stop: &Stop,
     total: u32,
 ) -> Result<Option<Signal>> {
-    let s = group.setup(config)?;
+    let mut s = group.setup(config)?;
     let (start, params) = group.share_start(0, s.problem.params.clone())?;
     if start >= total {
         group.finish();
         return Ok(None);
     }
-    let mut engine = group.engine(&s, &params, start)?;
+    s.problem.params = params;
+    let mut engine = group.engine(&s, &s.problem.params, start)?;
     group.share_optimizer(&mut engine)?;
     if let Some(sig) = group.stop(stop)? {
         return Ok(Some(sig));

@@ -8,12 +8,13 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use shardes::decode::{DecodeError, LoadedQwen2};
+use shardes::distributed::Distributed;
 use shardes::finetune::{
     EvalRecord, EvalWriter, RewardLoop, RewardSettings, RewardTask, Sampler, TextCodec,
 };
 use shardes::hlo::decode::Sampling;
-use shardes::hlo::es::ShapingSpec;
-use shardes::hlo::params::ParamTree;
+use shardes::hlo::es::{How, ShapingSpec};
+use shardes::hlo::params::{Array, ParamTree};
 use shardes::{BuildTimes, DecodeConfig, PopulationDecoder};
 
 use super::step::StepOut;
@@ -57,11 +58,12 @@ impl RewardRun {
         Ok(())
     }
 
-    /// One generation; the metrics' extras are the mean reward, accuracy, format rate,
-    /// tokens per second and (when any) the contained reward failures.
-    pub fn step(&mut self) -> Result<StepOut> {
+    /// One generation (with every process of `dist` together); the metrics' extras are the
+    /// mean reward, accuracy, format rate, tokens per second and (when any) the contained
+    /// reward failures, the whole population's.
+    pub fn step(&mut self, dist: &Distributed) -> Result<StepOut> {
         let t0 = Instant::now();
-        let r = self.lp.step().map_err(too_long)?;
+        let r = self.lp.step_in(dist).map_err(too_long)?;
         let secs = t0.elapsed().as_secs_f64().max(1e-12);
         let mut extra = BTreeMap::new();
         extra.insert("reward".to_string(), r.mean_reward);
@@ -82,6 +84,19 @@ impl RewardRun {
     /// The parameters on the host.
     pub fn params(&self) -> Result<ParamTree> {
         Ok(self.lp.sampler().params()?)
+    }
+
+    /// The optimizer's state on the host (empty under sgd).
+    pub fn optimizer_state(&self) -> Result<Vec<(String, Array)>, shardes::Error> {
+        self.lp.sampler().optimizer_state()
+    }
+
+    /// Replaces the optimizer's state on the devices (a resumed checkpoint's).
+    pub fn set_optimizer_state(
+        &mut self,
+        tensors: &[(String, Array)],
+    ) -> Result<(), shardes::Error> {
+        self.lp.sampler_mut().set_optimizer_state(tensors)
     }
 
     /// The generation the next step runs.
@@ -226,8 +241,14 @@ pub(crate) fn decode_config(
 }
 
 /// Builds the reward run of `s` (a config with a `[task]`) on its parameters (resumed
-/// ones when `start > 0`) at generation `start`.
-pub(crate) fn build(s: &Setup, start: u32) -> Result<RewardRun> {
+/// ones when `start > 0`) at generation `start`. With `group`, this is one process of a run
+/// across processes: it decodes its own members, places the update by `how_hosts`, and
+/// evaluates only if it is the lead (the one that writes `eval.jsonl`).
+pub(crate) fn build(
+    s: &Setup,
+    start: u32,
+    group: Option<(&Distributed, How)>,
+) -> Result<RewardRun> {
     let config = &s.config;
     let (Some(task_cfg), Some(loaded)) = (&config.task, &s.decode) else {
         anyhow::bail!("a reward run needs a [task] and a qwen2 problem");
@@ -237,20 +258,38 @@ pub(crate) fn build(s: &Setup, start: u32) -> Result<RewardRun> {
     let dc = decode_config(config, task_cfg, loaded)?;
     check_prompts(&*task, &codec, config, start, dc.prompt_len)?;
     let t0 = Instant::now();
-    let decoder = PopulationDecoder::with_state(
-        &s.client,
-        &s.es,
-        loaded.decoder(&dc),
-        &s.problem.params,
-        s.problem.key,
-        start,
-        dc.clone(),
-    )
+    let decoder = match group {
+        None => PopulationDecoder::with_state(
+            &s.client,
+            &s.es,
+            loaded.decoder(&dc),
+            &s.problem.params,
+            s.problem.key,
+            start,
+            dc.clone(),
+        ),
+        Some((dist, how_hosts)) => PopulationDecoder::for_process(
+            &s.client,
+            &s.es,
+            loaded.decoder(&dc),
+            &s.problem.params,
+            s.problem.key,
+            start,
+            dc.clone(),
+            dist,
+            how_hosts,
+        ),
+    }
     .context("building the decoding programs")?;
+    // Only the lead evaluates: the others would decode the same tokens for no one.
+    let eval = config
+        .eval
+        .clone()
+        .filter(|_| group.is_none_or(|(d, _)| d.is_lead()));
     let compile_ms = t0.elapsed().as_secs_f64() * 1e3;
     // The starting parameters, for the eval's distance; a resumed run rebuilds them from
     // the config (the checkpoint or the seed).
-    let init = if config.eval.is_some() {
+    let init = if eval.is_some() {
         Some(if start == 0 {
             s.problem.params.clone()
         } else {
@@ -268,7 +307,7 @@ pub(crate) fn build(s: &Setup, start: u32) -> Result<RewardRun> {
     let lp = RewardLoop::new(task, codec, sampler, settings, init)?;
     Ok(RewardRun::new(
         lp,
-        config.eval.clone(),
+        eval,
         BuildTimes {
             emit_ms: 0.0,
             compile_ms,

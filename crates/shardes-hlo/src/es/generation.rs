@@ -160,7 +160,7 @@ impl<'a> Emitter<'a> {
 
     /// The member ids `[offset, offset + count)` as `u32[count]` with `sharding`. From 0,
     /// the iota alone, so the programs of one process print as they always did.
-    fn member_ids(&self, f: &Func, sharding: &Sharding) -> Result<Value, EsError> {
+    pub(super) fn member_ids(&self, f: &Func, sharding: &Sharding) -> Result<Value, EsError> {
         let (offset, count) = self.members;
         let ids = f.iota(TensorType::u32(&[count as i64]), 0)?;
         let ids = if offset == 0 {

@@ -16,6 +16,8 @@
 //! is `fold_in(sample_base, i)`. No noise stream changes, and a run resumed at a
 //! generation draws the same keys.
 
+use std::ops::Range;
+
 use crate::builder::{DType, Func, Mesh, Module, Sharding, TensorType, Value};
 use crate::nn::Act;
 use crate::prng::emit::Keys;
@@ -24,6 +26,7 @@ use super::error::{invalid, EsError};
 use super::generation::{directions, Emitter};
 use super::layout::{check_leaves, Layout, ProgramArgs, ProgramKind};
 use super::model::{Model, ModelParams};
+use super::processes::Part;
 use super::program::Program;
 use super::settings::ShardedES;
 use super::strategy::LeafInfo;
@@ -170,11 +173,39 @@ impl ShardedES {
         self.outputs_with(model, leaves, false)
     }
 
+    /// Process `part`'s outputs program in a run across processes: the layout of
+    /// [`ShardedES::outputs_program`] with `n / P` members, the outputs of the global
+    /// members [`Part::members`] in order, on this process's devices
+    /// ([`ShardedES::local_devices`]). Member ids, sampling keys and the member chunk are
+    /// those of one process with every process's devices, so each member's outputs are the
+    /// bits that program computes for it. One process's program is `outputs_program`'s.
+    pub fn part_outputs_program(
+        &self,
+        model: &dyn MemberOutputs,
+        leaves: &[LeafInfo],
+        part: Part,
+    ) -> Result<Program, EsError> {
+        let devices = self.local_devices(part)?;
+        self.outputs_on(model, leaves, true, part.members(self.n), devices)
+    }
+
     fn outputs_with(
         &self,
         model: &dyn MemberOutputs,
         leaves: &[LeafInfo],
         perturbed: bool,
+    ) -> Result<Program, EsError> {
+        self.outputs_on(model, leaves, perturbed, 0..self.n, self.devices)
+    }
+
+    /// The outputs program of the `members` (global ids) on `devices` devices.
+    fn outputs_on(
+        &self,
+        model: &dyn MemberOutputs,
+        leaves: &[LeafInfo],
+        perturbed: bool,
+        members: Range<usize>,
+        devices: usize,
     ) -> Result<Program, EsError> {
         check_leaves(leaves)?;
         if leaves.len() >= SAMPLE_TAG as usize {
@@ -188,7 +219,7 @@ impl ShardedES {
             ProgramKind::Outputs,
             leaves.to_vec(),
             model.input_types(),
-            self.n,
+            members.len(),
             1,
         )
         .with_outputs(model.output_types());
@@ -197,10 +228,11 @@ impl ShardedES {
         } else {
             "plain_outputs"
         };
-        let mut module = Module::with_mesh(name, Mesh::pop(self.devices as i64)?);
+        let mut module = Module::with_mesh(name, Mesh::pop(devices as i64)?);
         let f = module.func("main");
         let args = layout.declare(&f)?;
-        let emitter = Emitter::new(self, &layout, chunk)?;
+        let emitter =
+            Emitter::new(self, &layout, chunk)?.with_members(members.start, members.len());
         let outs = OutputsEmitter {
             es: self,
             emitter: &emitter,
@@ -233,10 +265,8 @@ impl OutputsEmitter<'_> {
         args: &ProgramArgs<Value>,
     ) -> Result<Vec<Value>, EsError> {
         let (base_key, _) = self.emitter.ask(&args.key, &args.generation)?;
-        let n = self.es.n as i64;
-        let ids = f
-            .iota(TensorType::u32(&[n]), 0)?
-            .shard(&Sharding::split(1, 0)?)?;
+        // This program's members' global ids (all `n` from 0 on one process).
+        let ids = self.emitter.member_ids(f, &Sharding::split(1, 0)?)?;
         let mut inputs: Vec<&Value> = vec![&ids, &base_key];
         inputs.extend(args.params.iter());
         inputs.extend(args.batch.iter());
