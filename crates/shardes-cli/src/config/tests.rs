@@ -73,6 +73,7 @@ fn problem_keys_match_the_variants() {
         ("data", "\"d.jsonl\""),
         ("tokenizer", "\"t.json\""),
         ("compute_dtype", "\"bf16\""),
+        ("layers", "\"loop\""),
         ("env", "\"pendulum\""),
         ("episodes", "3"),
         ("episode_length", "50"),
