@@ -117,6 +117,7 @@ fn problem_keys_match_the_variants() {
             "data",
             "tokenizer",
             "compute_dtype",
+            "layers",
             "env",
             "episodes",
             "episode_length",
