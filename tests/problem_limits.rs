@@ -51,6 +51,7 @@ fn source(weights: Qwen2Weights, data: PathBuf) -> Qwen2Source {
         batch: None,
         seq: None,
         compute_dtype: DType::F32,
+        layers: Default::default(),
     }
 }
 

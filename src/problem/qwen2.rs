@@ -7,7 +7,7 @@ use shardes_hlo::builder::DType;
 use shardes_hlo::es::LeafInfo;
 use shardes_hlo::params::{Array, ParamTree};
 use shardes_hlo::prng::Key;
-use shardes_hlo::problems::qwen2::{Qwen2, Qwen2Config};
+use shardes_hlo::problems::qwen2::{Layers, Qwen2, Qwen2Config};
 use shardes_hlo::problems::{f32_bytes, leaf_infos_of_shapes};
 
 use super::memory::{self, HostBytes};
@@ -39,6 +39,8 @@ pub struct Qwen2Source {
     pub seq: Option<usize>,
     /// The forward's dtype (`F32` or `BF16`); the master and the fitness stay f32.
     pub compute_dtype: DType,
+    /// How the program emits the decoder layers (unrolled by default).
+    pub layers: Layers,
 }
 
 /// A Qwen2 problem read as far as its shapes: the config, the examples and the batch
@@ -51,6 +53,7 @@ struct Plan {
     target_tokens: usize,
     origin: String,
     dtype: DType,
+    layers: Layers,
 }
 
 /// A loaded Qwen2 problem with its model still typed.
@@ -170,7 +173,9 @@ pub fn qwen2_shapes_at_depth(
     cfg.validate().map_err(ProblemError::host(describing()))?;
     let leaves =
         leaf_infos_of_shapes(&cfg.param_shapes()).map_err(ProblemError::host(describing()))?;
-    let deeper = Qwen2::new(cfg, model.batch, model.seq).with_compute_dtype(model.compute_dtype);
+    let deeper = Qwen2::new(cfg, model.batch, model.seq)
+        .with_compute_dtype(model.compute_dtype)
+        .with_layers(model.layers);
     Ok((deeper, leaves))
 }
 
@@ -359,12 +364,15 @@ fn plan(source: &Qwen2Source) -> Result<Plan, ProblemError> {
         target_tokens,
         origin,
         dtype: source.compute_dtype,
+        layers: source.layers,
     })
 }
 
 impl Plan {
     fn model(&self) -> Qwen2 {
-        Qwen2::new(self.config.clone(), self.batch, self.seq).with_compute_dtype(self.dtype)
+        Qwen2::new(self.config.clone(), self.batch, self.seq)
+            .with_compute_dtype(self.dtype)
+            .with_layers(self.layers)
     }
 
     fn summary(&self) -> String {

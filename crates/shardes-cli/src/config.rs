@@ -10,6 +10,7 @@ use shardes::hlo::es::optimizer::OPTIMIZER_KEYS;
 use shardes::hlo::es::{
     EsError, EsSpec, How, OptimizerName, ShapingSpec, SpecError, StrategySpec, OPTIMIZER_NAMES,
 };
+use shardes::hlo::problems::qwen2::Layers;
 
 mod dtype;
 mod problem;
@@ -109,6 +110,11 @@ pub enum ProblemConfig {
         /// f32.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         compute_dtype: Option<String>,
+        /// How the decoder layers are emitted: `unrolled` (default) or `loop` (one `while`
+        /// over the layer index: compile time flat in depth, the same tokens, losses equal
+        /// to a few ulp).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        layers: Option<String>,
     },
     /// `control`: a tanh MLP policy on an environment rolled out inside the program.
     Control {
@@ -160,6 +166,7 @@ pub const PROBLEM_VARIANTS: &[(&str, &[&str])] = &[
             "data",
             "tokenizer",
             "compute_dtype",
+            "layers",
         ],
     ),
     (
@@ -270,11 +277,20 @@ impl ProblemConfig {
             size,
             data,
             compute_dtype,
+            layers,
             ..
         } = self
         else {
             return Ok(());
         };
+        if let Some(l) = layers {
+            Layers::parse(l).map_err(|_| {
+                ConfigError::new(
+                    format!("problem.layers: unknown layout \"{l}\""),
+                    "use layers = \"unrolled\" (the default) or \"loop\"",
+                )
+            })?;
+        }
         match (checkpoint, size) {
             (Some(_), Some(_)) => Err(ConfigError::new(
                 "problem.checkpoint and problem.size are both set",

@@ -182,6 +182,11 @@ fn doc(section: &str, key: &str, problem: &str) -> Option<(String, Option<String
             "The forward's dtype: \"f32\" or \"bf16\" (the master weights and the fitness \
              stay f32).",
         ),
+        ("problem", "layers") => e(
+            "How the decoder layers are emitted: \"unrolled\" (default) or \"loop\" (one \
+             while over the layer index; the same tokens, losses equal to a few ulp).",
+            "\"loop\"",
+        ),
         ("problem", "env") => d("The environment the policy acts in."),
         ("problem", "episodes") => e(
             "Episodes per member (common random numbers: the same episode keys for every \

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use shardes::hlo::builder::DType;
 use shardes::hlo::es::{Model, ShardedES};
+use shardes::hlo::problems::qwen2::Layers;
 use shardes::problem::ProblemShapes;
 use shardes::problem::Setting;
 use shardes::runtime::plugin::{CPU, NAMED};
@@ -196,6 +197,7 @@ pub fn qwen2_source(problem: &ProblemConfig) -> anyhow::Result<Qwen2Source> {
         data,
         tokenizer,
         compute_dtype,
+        layers,
     } = problem
     else {
         anyhow::bail!("problem `{}` is not qwen2", problem.name());
@@ -228,6 +230,16 @@ pub fn qwen2_source(problem: &ProblemConfig) -> anyhow::Result<Qwen2Source> {
             Some("bf16") => DType::BF16,
             _ => DType::F32,
         },
+        // The config refused other names already.
+        layers: layers
+            .as_deref()
+            .map_or(Ok(Layers::Unrolled), Layers::parse)
+            .map_err(|e| {
+                ConfigError::new(
+                    format!("problem.layers: {e}"),
+                    "use \"loop\" or \"unrolled\"",
+                )
+            })?,
     })
 }
 

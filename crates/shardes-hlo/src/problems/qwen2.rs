@@ -37,6 +37,8 @@ use super::ProblemError;
 
 /// Qwen2 as a [`crate::decode::Decoder`] (prefill and step over a KV cache).
 pub mod decode;
+/// The decoder layers as one `while` over the layer index ([`Layers::Loop`]).
+mod layers;
 
 /// The most decoder layers [`Qwen2Config::validate`] accepts: far above any published
 /// model, and low enough that describing the layers' leaves stays cheap.
@@ -281,17 +283,71 @@ pub struct Qwen2 {
     pub seq: usize,
     /// The dtype the forward runs in (`F32` or `BF16`); the loss is always reduced in f32.
     pub compute_dtype: DType,
+    /// How the decoder layers are emitted (unrolled by default).
+    pub layers: Layers,
+}
+
+/// How a Qwen2 program emits its decoder layers (config key `problem.layers`).
+///
+/// Both run the same ops on the same values, layer by layer, and decode the same tokens;
+/// the loop compiles one layer's ops whatever the depth. XLA:CPU fuses the unrolled layers
+/// differently from the loop body, so a loss can differ in its last bits (measured: at
+/// most a few ulp, `tests/qwen2_layers.rs`); the unrolled program stays the default so
+/// that existing runs reproduce bit for bit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Layers {
+    /// One `while` over the layer index; each iteration selects its layer's leaves (the
+    /// parameters and their noise, kept per layer as in the tree) with a `case` on the
+    /// index, so nothing is stacked or copied up front.
+    Loop,
+    /// Every layer's ops emitted one after the other (compile time grows with depth).
+    #[default]
+    Unrolled,
+}
+
+impl Layers {
+    /// The config names, in the order [`Layers::parse`] lists them.
+    pub const NAMES: [&'static str; 2] = ["loop", "unrolled"];
+
+    /// Parses `"loop"` or `"unrolled"`.
+    pub fn parse(s: &str) -> Result<Self, ProblemError> {
+        match s {
+            "loop" => Ok(Layers::Loop),
+            "unrolled" => Ok(Layers::Unrolled),
+            _ => Err(ProblemError::BadSetting {
+                what: "layers",
+                value: format!("\"{}\"", crate::es::spec::excerpt(s)),
+                fix: "use layers = \"loop\" (one while over the layer index) or \
+                      \"unrolled\" (every layer emitted in turn, the default)",
+            }),
+        }
+    }
+
+    /// The config name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Layers::Loop => "loop",
+            Layers::Unrolled => "unrolled",
+        }
+    }
 }
 
 impl Qwen2 {
-    /// A problem in f32.
+    /// A problem in f32, its layers unrolled ([`Layers`] says why).
     pub fn new(config: Qwen2Config, batch: usize, seq: usize) -> Self {
         Qwen2 {
             config,
             batch,
             seq,
             compute_dtype: DType::F32,
+            layers: Layers::Unrolled,
         }
+    }
+
+    /// Emits the decoder layers as `layers` says.
+    pub fn with_layers(mut self, layers: Layers) -> Self {
+        self.layers = layers;
+        self
     }
 
     /// Runs the forward in `dtype` (parameters and noise stay f32 in the master). Under an
@@ -521,6 +577,29 @@ impl Qwen2 {
         )?)
     }
 
+    /// Decoder layer `l` on the hidden states `x`: attention and MLP, each with its norm
+    /// and residual.
+    fn layer(
+        &self,
+        p: &ModelParams,
+        l: usize,
+        x: &Act,
+        pos0: &Value,
+        cache: Option<&mut LayerCache>,
+    ) -> Result<Act, EsError> {
+        let pre = format!("model.layers.{l}");
+        let h = self.rms_norm(
+            x,
+            &self.tensor(p, &format!("{pre}.input_layernorm.weight"))?,
+        )?;
+        let x = x.add(&self.attention(p, l, &h, pos0, cache)?)?;
+        let h = self.rms_norm(
+            &x,
+            &self.tensor(p, &format!("{pre}.post_attention_layernorm.weight"))?,
+        )?;
+        Ok(x.add(&self.mlp(p, l, &h)?)?)
+    }
+
     fn forward_impl(
         &self,
         p: &ModelParams,
@@ -530,19 +609,21 @@ impl Qwen2 {
     ) -> Result<Act, EsError> {
         let emb = self.weight(p, "model.embed_tokens.weight")?;
         let mut x = nn::embed(&emb, &Act::shared(ids.clone()))?;
-        for l in 0..self.config.num_hidden_layers {
-            let pre = format!("model.layers.{l}");
-            let h = self.rms_norm(
-                &x,
-                &self.tensor(p, &format!("{pre}.input_layernorm.weight"))?,
-            )?;
-            let cache = caches.as_deref_mut().and_then(|c| c.get_mut(l));
-            x = x.add(&self.attention(p, l, &h, pos0, cache)?)?;
-            let h = self.rms_norm(
-                &x,
-                &self.tensor(p, &format!("{pre}.post_attention_layernorm.weight"))?,
-            )?;
-            x = x.add(&self.mlp(p, l, &h)?)?;
+        // The KV-cache greedy program keeps one cache per layer and stays unrolled.
+        let looped = match (&caches, self.layers) {
+            (None, Layers::Loop) => {
+                self.loop_layers(p, x.clone(), &|lp, l, x| self.layer(lp, l, x, pos0, None))?
+            }
+            _ => None,
+        };
+        match looped {
+            Some(y) => x = y,
+            None => {
+                for l in 0..self.config.num_hidden_layers {
+                    let cache = caches.as_deref_mut().and_then(|c| c.get_mut(l));
+                    x = self.layer(p, l, &x, pos0, cache)?;
+                }
+            }
         }
         let x = self.rms_norm(&x, &self.tensor(p, "model.norm.weight")?)?;
         let head = if self.config.tie_word_embeddings {

@@ -88,6 +88,49 @@ impl Func {
         Ok(out)
     }
 
+    /// `case`: runs branch `index` of `branches` (clamped to the last branch by StableHLO
+    /// when out of range) and returns its values. Every branch returns values of the same
+    /// types (`tys`); branches may use values from the enclosing blocks. Selecting among
+    /// per-layer tensors this way reads one layer inside a loop without stacking the layers
+    /// into one array first.
+    pub fn case<B, E>(
+        &self,
+        index: &Value,
+        tys: &[TensorType],
+        branches: Vec<B>,
+    ) -> Result<Vec<Value>, E>
+    where
+        B: FnOnce() -> Result<Vec<Value>, E>,
+        E: From<HloError>,
+    {
+        if index.ty != TensorType::scalar(DType::I32) || branches.is_empty() {
+            return Err(E::from(shape_err(
+                "case",
+                &[index],
+                "an i32 scalar index and at least one branch".to_string(),
+            )));
+        }
+        self.check_use("case", index)?;
+        let spec = || RegionSpec {
+            header: false,
+            ..RegionSpec::body(false)
+        };
+        let mut p = P::new().t("\"stablehlo.case\"(").v(index).t(") (");
+        for (i, branch) in branches.into_iter().enumerate() {
+            let (b, r) = self.region("case", spec(), &[], |_| branch())?;
+            check_region_result("case (branch)", &r, tys)?;
+            if i > 0 {
+                p = p.t(", ");
+            }
+            p = p.region(b);
+        }
+        let p = p.t(format!(
+            ") : {}",
+            fn_type(&[TensorType::scalar(DType::I32)], tys)
+        ));
+        Ok(self.emit("case", &[index], p, tys)?)
+    }
+
     /// `optimization_barrier` over several values (returns them unchanged).
     pub fn optimization_barrier(&self, vals: &[&Value]) -> Result<Vec<Value>> {
         let tys: Vec<TensorType> = vals.iter().map(|v| v.ty.clone()).collect();

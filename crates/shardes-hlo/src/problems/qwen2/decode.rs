@@ -12,7 +12,18 @@ use crate::decode::{DecodeShape, Decoder, StepAt};
 use crate::es::{EsError, ModelParams};
 use crate::nn::{self, Act};
 
+use super::layers::{layer_of, put_layer, LayerStack};
 use super::{apply_rope, convert, repeat_kv, reshape, rewrap, rope_tables, transpose, Qwen2};
+
+/// The error of a looped step handed an unstacked cache.
+fn stacked_cache_err() -> EsError {
+    EsError::Invalid {
+        message: "a qwen2 step with layers = \"loop\" takes the stacked keys and values \
+                  (two cache tensors)"
+            .into(),
+        fix: "pass the cache the prefill returned, built with the same layers setting".into(),
+    }
+}
 
 /// `a` with the members of `like` (broadcast if `a` is shared and `like` is not).
 fn members_like(a: &Act, like: &Act) -> Result<Act, EsError> {
@@ -181,6 +192,87 @@ impl Qwen2 {
         Ok((self.out_proj(p, l, &o)?, kc, vc))
     }
 
+    /// Prefill of decoder layer `l` on `x`: the next hidden states and the layer's keys
+    /// and values padded to `slots`.
+    fn prefill_layer(
+        &self,
+        p: &ModelParams,
+        l: usize,
+        x: &Act,
+        slots: i64,
+    ) -> Result<(Act, Act, Act), EsError> {
+        let pre = format!("model.layers.{l}");
+        let h = self.rms_norm(
+            x,
+            &self.tensor(p, &format!("{pre}.input_layernorm.weight"))?,
+        )?;
+        let (o, k, v) = self.prefill_attention(p, l, &h, slots)?;
+        let x = x.add(&o)?;
+        let h = self.rms_norm(
+            &x,
+            &self.tensor(p, &format!("{pre}.post_attention_layernorm.weight"))?,
+        )?;
+        Ok((x.add(&self.mlp(p, l, &h)?)?, k, v))
+    }
+
+    /// One decoding step of layer `l` on `x` over the layer's cache: the next hidden
+    /// states and the cache.
+    fn step_layer(
+        &self,
+        p: &ModelParams,
+        l: usize,
+        x: &Act,
+        at: &StepAt,
+        kv: (Act, Act),
+    ) -> Result<(Act, Act, Act), EsError> {
+        let pre = format!("model.layers.{l}");
+        let h = self.rms_norm(
+            x,
+            &self.tensor(p, &format!("{pre}.input_layernorm.weight"))?,
+        )?;
+        let (o, k, v) = self.step_attention(p, l, &h, at, kv)?;
+        let x = x.add(&o)?;
+        let h = self.rms_norm(
+            &x,
+            &self.tensor(p, &format!("{pre}.post_attention_layernorm.weight"))?,
+        )?;
+        Ok((x.add(&self.mlp(p, l, &h)?)?, k, v))
+    }
+
+    /// The prefill's layers as a loop: the hidden states and the keys and values of every
+    /// layer stacked as `[L, R, KV, slots, hd]` (per member where the loop is).
+    fn prefill_loop(
+        &self,
+        stack: &LayerStack,
+        p: &ModelParams,
+        x: Act,
+        slots: i64,
+    ) -> Result<(Act, Vec<Act>), EsError> {
+        let c = &self.config;
+        let f = x.value().func();
+        let rows = x.logical_shape()[0];
+        let (layers, nkv, hd) = (
+            c.num_hidden_layers as i64,
+            c.num_key_value_heads as i64,
+            c.head_dim() as i64,
+        );
+        let members = Self::loop_members(stack, &x);
+        let mut shape: Vec<i64> = members.into_iter().collect();
+        shape.extend([layers, rows, nkv, slots, hd]);
+        let zero = f.scalar(0.0f32)?.convert(self.compute_dtype)?;
+        let z = zero.broadcast_in_dim(&shape, &[])?;
+        let z = match members {
+            Some(_) => Act::per_member(z)?,
+            None => Act::shared(z),
+        };
+        let body = |lp: &ModelParams, l: usize, i: &Value, x: &Act, st: Vec<Act>| {
+            let [kc, vc] = <[Act; 2]>::try_from(st).map_err(|_| stacked_cache_err())?;
+            let (y, k, v) = self.prefill_layer(lp, l, x, slots)?;
+            Ok((y, vec![put_layer(&kc, i, &k)?, put_layer(&vc, i, &v)?]))
+        };
+        self.run_layers(stack, p, x, vec![z.clone(), z], &body)
+    }
+
     /// The final norm and the LM head of hidden states `[R, .., d]`, as f32 logits.
     fn head(&self, p: &ModelParams, x: &Act) -> Result<Act, EsError> {
         let x = self.rms_norm(x, &self.tensor(p, "model.norm.weight")?)?;
@@ -211,21 +303,15 @@ impl Decoder for Qwen2 {
         let emb = self.weight(p, "model.embed_tokens.weight")?;
         let mut x = nn::embed(&emb, &Act::shared(ids.clone()))?;
         let mut cache = Vec::with_capacity(2 * self.config.num_hidden_layers);
-        for l in 0..self.config.num_hidden_layers {
-            let pre = format!("model.layers.{l}");
-            let h = self.rms_norm(
-                &x,
-                &self.tensor(p, &format!("{pre}.input_layernorm.weight"))?,
-            )?;
-            let (o, k, v) = self.prefill_attention(p, l, &h, slots)?;
-            cache.push(k);
-            cache.push(v);
-            x = x.add(&o)?;
-            let h = self.rms_norm(
-                &x,
-                &self.tensor(p, &format!("{pre}.post_attention_layernorm.weight"))?,
-            )?;
-            x = x.add(&self.mlp(p, l, &h)?)?;
+        if let Some(stack) = self.layer_stack(p)? {
+            (x, cache) = self.prefill_loop(&stack, p, x, slots)?;
+        } else {
+            for l in 0..self.config.num_hidden_layers {
+                let (y, k, v) = self.prefill_layer(p, l, &x, slots)?;
+                cache.push(k);
+                cache.push(v);
+                x = y;
+            }
         }
         // Each row's last prompt position, as a one-hot sum over the positions (exact:
         // one term is not zero).
@@ -258,7 +344,11 @@ impl Decoder for Qwen2 {
             return q.step(p, ids, at, cache);
         }
         let layers = self.config.num_hidden_layers;
-        if cache.len() != 2 * layers {
+        let stack = self.layer_stack(p)?;
+        if stack.is_some() && cache.len() != 2 {
+            return Err(stacked_cache_err());
+        }
+        if stack.is_none() && cache.len() != 2 * layers {
             return Err(EsError::Invalid {
                 message: format!(
                     "a qwen2 step got {} cache tensors for {layers} layers",
@@ -273,28 +363,27 @@ impl Decoder for Qwen2 {
         let mut x = reshape(&nn::embed(&emb, ids)?, &[rows, 1, d])?;
         let mut it = cache.into_iter();
         let mut out = Vec::with_capacity(2 * layers);
-        for l in 0..layers {
-            let pre = format!("model.layers.{l}");
-            let h = self.rms_norm(
-                &x,
-                &self.tensor(p, &format!("{pre}.input_layernorm.weight"))?,
-            )?;
-            let (Some(k), Some(v)) = (it.next(), it.next()) else {
-                return Err(EsError::Invalid {
-                    message: format!("the qwen2 cache ended before layer {l}"),
-                    fix: "pass the cache the prefill returned".into(),
-                });
+        if let Some(stack) = stack {
+            let body = |lp: &ModelParams, l: usize, i: &Value, x: &Act, st: Vec<Act>| {
+                let [kc, vc] = <[Act; 2]>::try_from(st).map_err(|_| stacked_cache_err())?;
+                let kv = (layer_of(&kc, i)?, layer_of(&vc, i)?);
+                let (y, k, v) = self.step_layer(lp, l, x, at, kv)?;
+                Ok((y, vec![put_layer(&kc, i, &k)?, put_layer(&vc, i, &v)?]))
             };
-            let kv = (k, v);
-            let (o, k, v) = self.step_attention(p, l, &h, at, kv)?;
-            out.push(k);
-            out.push(v);
-            x = x.add(&o)?;
-            let h = self.rms_norm(
-                &x,
-                &self.tensor(p, &format!("{pre}.post_attention_layernorm.weight"))?,
-            )?;
-            x = x.add(&self.mlp(p, l, &h)?)?;
+            (x, out) = self.run_layers(&stack, p, x, it.collect(), &body)?;
+        } else {
+            for l in 0..layers {
+                let (Some(k), Some(v)) = (it.next(), it.next()) else {
+                    return Err(EsError::Invalid {
+                        message: format!("the qwen2 cache ended before layer {l}"),
+                        fix: "pass the cache the prefill returned".into(),
+                    });
+                };
+                let (y, k, v) = self.step_layer(p, l, &x, at, (k, v))?;
+                out.push(k);
+                out.push(v);
+                x = y;
+            }
         }
         let logits = self.head(p, &x)?;
         Ok((

@@ -1,0 +1,376 @@
+//! Qwen2's layers emitted as one `while` over the layer index (`Layers::Loop`, the default)
+//! against the same layers emitted one after the other (`Layers::Unrolled`).
+//!
+//! Tolerances: the loop reads each layer's leaves (and their noise, drawn where the
+//! unrolled program draws it) through a `case` on the layer index and runs the same ops.
+//! Decoded tokens must be equal; fitness may differ by at most `MAX_ULP` units in the last
+//! place (XLA:CPU fuses the loop body differently from the unrolled layers), and the
+//! updated parameters must be equal bit for bit whenever the fitness ranks are; on the
+//! tiny Hugging Face fixture and a 3-layer random model, for low rank and seed regenerated,
+//! on 1 and 8 devices. The emitted op count of the model is flat in depth, and low rank
+//! never forms a member × m × k value in the looped program (emitted or optimized).
+
+use std::path::Path;
+
+use shardes::hf::load_checkpoint;
+use shardes::hlo::decode::{DecodeShape, DecodeSpec};
+use shardes::hlo::es::strategy::from_spec;
+use shardes::hlo::es::{leaf_infos, ShardedES};
+use shardes::hlo::params::{Array, ParamTree};
+use shardes::hlo::prng::key;
+use shardes::hlo::problems::qwen2::{Layers, Qwen2, Qwen2Config};
+use shardes::runtime::{Client, CompileOptions};
+use shardes::{HostArray, OutputsRunner, Trainer};
+
+const N: usize = 16;
+const STRATEGIES: [&str; 2] = ["mirrored(lowrank(r=1))", "seed_regenerated"];
+/// The most units in the last place a looped loss may differ from the unrolled one by.
+const MAX_ULP: u32 = 4;
+
+/// The tiny checkpoint `transformers` wrote (2 layers) and a 3-layer random model.
+fn models() -> Vec<(&'static str, Qwen2Config, ParamTree)> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen2_tiny");
+    let (fixture, tree) = load_checkpoint(dir).expect("load the fixture");
+    let mut three = Qwen2Config::tiny();
+    three.num_hidden_layers = 3;
+    let random = three.init(key(11).unwrap(), 0.3).unwrap();
+    vec![("fixture", fixture, tree), ("3-layer", three, random)]
+}
+
+fn es(strategy: &str, devices: usize) -> ShardedES {
+    ShardedES::new(
+        from_spec(&strategy.parse().unwrap()),
+        N,
+        0.05,
+        0.01,
+        devices,
+    )
+    .unwrap()
+    .with_member_chunk(Some(2))
+}
+
+/// Pseudo-random token ids below `vocab`, as the f32 arrays a batch is passed as.
+fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            ((s >> 33) % vocab as u64) as f32
+        })
+        .collect()
+}
+
+fn bits(x: &[f32]) -> Vec<u32> {
+    x.iter().map(|v| v.to_bits()).collect()
+}
+
+/// One generation: the fitness and every updated leaf, as bits.
+fn generation(
+    client: &Client,
+    model: &Qwen2,
+    tree: &ParamTree,
+    strategy: &str,
+    devices: usize,
+) -> (Vec<u32>, Vec<(String, Vec<u32>)>) {
+    let (b, s) = (model.batch, model.seq);
+    let v = model.config.vocab_size;
+    let batch = [
+        Array::new(vec![b, s], tokens(b * s, v, 1)).unwrap(),
+        Array::new(vec![b, s], tokens(b * s, v, 2)).unwrap(),
+        Array::new(vec![b, s], vec![1.0; b * s]).unwrap(),
+    ];
+    let es = es(strategy, devices);
+    let mut t = Trainer::with_state(client, &es, model, tree, key(3).unwrap(), &batch, 2).unwrap();
+    let fitness = t.step().unwrap();
+    let params = t
+        .params()
+        .unwrap()
+        .leaves()
+        .into_iter()
+        .map(|(p, a)| (p, bits(a.data())))
+        .collect();
+    (bits(&fitness), params)
+}
+
+/// Member ranks by fitness (ties broken by index).
+fn ranks(f: &[u32]) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..f.len()).collect();
+    idx.sort_by(|&a, &b| f32::from_bits(f[a]).total_cmp(&f32::from_bits(f[b])));
+    idx
+}
+
+/// The largest distance in units in the last place between two fitness vectors.
+fn max_ulp(a: &[u32], b: &[u32]) -> u32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| x.abs_diff(*y))
+        .max()
+        .unwrap_or(0)
+}
+
+#[test]
+fn looped_generation_equals_unrolled_to_the_last_bits() {
+    let client = Client::cpu(8).unwrap();
+    for (name, cfg, tree) in models() {
+        let unrolled = Qwen2::new(cfg.clone(), 2, 7);
+        assert_eq!(unrolled.layers, Layers::Unrolled, "unrolled is the default");
+        let looped = Qwen2::new(cfg.clone(), 2, 7).with_layers(Layers::Loop);
+        for strategy in STRATEGIES {
+            for devices in [1, 8] {
+                let what = format!("{name}, {strategy}, {devices} devices");
+                let (fu, pu) = generation(&client, &unrolled, &tree, strategy, devices);
+                let (fl, pl) = generation(&client, &looped, &tree, strategy, devices);
+                // XLA:CPU fuses the loop body and the unrolled layers differently: the
+                // losses (all in [1, 8) here) may differ in their last bits, no more.
+                let ulp = max_ulp(&fl, &fu);
+                println!("{what}: fitness differs by at most {ulp} ulp");
+                assert!(ulp <= MAX_ULP, "{what}: fitness {fl:?} vs {fu:?}");
+                let moved = pu
+                    .iter()
+                    .zip(tree.leaves())
+                    .filter(|((_, u), (_, a))| *u != bits(a.data()))
+                    .count();
+                assert!(moved > 0, "{what}: the update moved nothing");
+                // The update reads the fitness only through its ranks: with the same
+                // ranks it is the same, bit for bit.
+                if ranks(&fl) == ranks(&fu) {
+                    assert_eq!(pl, pu, "{what}: updated parameters");
+                }
+            }
+        }
+    }
+}
+
+fn decode(
+    client: &Client,
+    model: Qwen2,
+    tree: &ParamTree,
+    strategy: &str,
+    devices: usize,
+) -> Vec<i32> {
+    let (b, p, t) = (2usize, 5usize, 6usize);
+    let v = model.config.vocab_size;
+    let spec = DecodeSpec::new(
+        model,
+        DecodeShape {
+            batch: b,
+            prompt_len: p,
+            max_new: t,
+        },
+        Vec::new(),
+        0,
+    )
+    .unwrap();
+    let es = es(strategy, devices);
+    let runner = OutputsRunner::with_state(client, &es, &spec, tree, key(4).unwrap(), 1).unwrap();
+    let ids: Vec<i32> = tokens(b * p, v, 9).iter().map(|&x| x as i32).collect();
+    let out = runner
+        .outputs(&[
+            HostArray::i32(&[b, p], ids),
+            HostArray::i32(&[b], vec![p as i32, 3]),
+        ])
+        .unwrap();
+    assert_eq!(out[0].dims, [N, b, t]);
+    out[0].as_i32().unwrap().to_vec()
+}
+
+#[test]
+fn looped_decoding_equals_unrolled_token_for_token() {
+    let client = Client::cpu(8).unwrap();
+    for (name, cfg, tree) in models() {
+        for strategy in STRATEGIES {
+            let mut first = None;
+            for devices in [1, 8] {
+                let what = format!("{name}, {strategy}, {devices} devices");
+                let unrolled = Qwen2::new(cfg.clone(), 2, 5).with_layers(Layers::Unrolled);
+                let want = decode(&client, unrolled, &tree, strategy, devices);
+                let got = decode(
+                    &client,
+                    Qwen2::new(cfg.clone(), 2, 5).with_layers(Layers::Loop),
+                    &tree,
+                    strategy,
+                    devices,
+                );
+                assert_eq!(got, want, "{what}: tokens");
+                let first = first.get_or_insert_with(|| got.clone());
+                assert_eq!(&got, first, "{what}: 1 vs 8 devices");
+            }
+            // Members decode differently (the noise reached the loop).
+            let t = first.unwrap();
+            assert!(
+                t.chunks(12).any(|m| m != &t[..12]),
+                "{name}, {strategy}: every member decoded the same tokens"
+            );
+        }
+    }
+}
+
+/// The emitted ops of the tiny model's generation and decode programs at `layers` layers.
+fn op_counts(layers: usize, how: Layers) -> (usize, usize, usize) {
+    let mut cfg = Qwen2Config::tiny();
+    cfg.num_hidden_layers = layers;
+    let tree = cfg.init(key(0).unwrap(), 0.02).unwrap();
+    let leaves = leaf_infos(&tree);
+    let es = es("mirrored(lowrank(r=1))", 2);
+    let model = Qwen2::new(cfg, 2, 4).with_layers(how);
+    let generation = es
+        .generation_program(&model, &leaves)
+        .unwrap()
+        .module
+        .op_counts();
+    let dots = generation
+        .get("stablehlo.dot_general")
+        .copied()
+        .unwrap_or(0);
+    let spec = DecodeSpec::new(
+        model,
+        DecodeShape {
+            batch: 2,
+            prompt_len: 3,
+            max_new: 2,
+        },
+        Vec::new(),
+        0,
+    )
+    .unwrap();
+    let decode = es
+        .outputs_program(&spec, &leaves)
+        .unwrap()
+        .module
+        .op_counts();
+    let decode_dots = decode.get("stablehlo.dot_general").copied().unwrap_or(0);
+    (generation.values().sum(), dots, decode_dots)
+}
+
+#[test]
+fn emitted_op_count_of_the_looped_model_is_flat_in_depth() {
+    let looped: Vec<_> = [1, 2, 4, 8]
+        .iter()
+        .map(|&l| op_counts(l, Layers::Loop))
+        .collect();
+    let unrolled: Vec<_> = [1, 2, 4]
+        .iter()
+        .map(|&l| op_counts(l, Layers::Unrolled))
+        .collect();
+    println!("looped 1/2/4/8 layers (ops, dots, decode dots): {looped:?}");
+    println!("unrolled 1/2/4 layers: {unrolled:?}");
+    // The decode program's dots are all the model's: one layer's, whatever the depth.
+    for c in &looped {
+        assert_eq!(c.2, looped[0].2, "decode dots grow with depth: {looped:?}");
+    }
+    assert!(
+        unrolled[2].2 > unrolled[0].2,
+        "the unrolled count can fail: {unrolled:?}"
+    );
+    // The generation program still grows by the per-leaf work outside the model (each
+    // leaf's noise, its contraction in tell and its update), linearly and by less than an
+    // unrolled layer (which adds the model's ops on top).
+    let per_layer = looped[1].0 - looped[0].0;
+    assert_eq!(looped[2].0 - looped[1].0, 2 * per_layer, "{looped:?}");
+    assert_eq!(looped[3].0 - looped[2].0, 4 * per_layer, "{looped:?}");
+    let unrolled_per_layer = unrolled[1].0 - unrolled[0].0;
+    assert!(
+        per_layer < unrolled_per_layer,
+        "a looped layer adds {per_layer} ops, an unrolled one {unrolled_per_layer}"
+    );
+    // The tell's contraction is the only dot per leaf outside the model.
+    assert_eq!(looped[3].1 - looped[0].1, 7 * (looped[1].1 - looped[0].1));
+    assert!(looped[1].1 - looped[0].1 < unrolled[1].1 - unrolled[0].1);
+}
+
+/// The weight matrix `(out, in)` that `shape` holds per member as `(chunk, out, in)`.
+fn member_matrix(shape: &[i64], chunk: i64, mats: &[[i64; 2]]) -> Option<[i64; 2]> {
+    shape.windows(3).find_map(|w| {
+        mats.iter()
+            .find(|[o, i]| w[0] == chunk && w[1] == *o && w[2] == *i)
+            .copied()
+    })
+}
+
+#[test]
+fn low_rank_never_forms_a_member_matrix_in_the_looped_program() {
+    let mut cfg = Qwen2Config::tiny();
+    cfg.num_hidden_layers = 3;
+    let tree = cfg.init(key(1).unwrap(), 0.02).unwrap();
+    let mats: Vec<[i64; 2]> = tree
+        .leaves()
+        .into_iter()
+        .filter(|(_, a)| a.ndim() == 2)
+        .map(|(_, a)| [a.shape()[0] as i64, a.shape()[1] as i64])
+        .collect();
+    // b·s = 14 matches no matrix dimension of the tiny model (128, 64, 32, 16).
+    let q = Qwen2::new(cfg, 2, 7).with_layers(Layers::Loop);
+    let es = ShardedES::new(
+        from_spec(&"mirrored(lowrank(r=1))".parse().unwrap()),
+        16,
+        0.01,
+        0.01,
+        2,
+    )
+    .unwrap()
+    .with_member_chunk(Some(4));
+    let program = es.generation_program(&q, &leaf_infos(&tree)).unwrap();
+    let counts = program.module.op_counts();
+    assert!(
+        counts.contains_key("stablehlo.case"),
+        "not looped: {counts:?}"
+    );
+    let types = program.module.value_types();
+    assert!(types.len() > 100, "only {} values", types.len());
+    for t in &types {
+        if let Some(m) = member_matrix(&t.shape, 4, &mats) {
+            panic!("emitted: {:?} holds a per-member {m:?} matrix", t.shape);
+        }
+    }
+    let client = Client::cpu(2).unwrap();
+    let exe = client
+        .compile(&program.module.to_mlir(), &CompileOptions::new(2))
+        .unwrap();
+    let hlo = exe.optimized_hlo().unwrap();
+    let mut stack: Vec<shardes::runtime::HloShape> = hlo
+        .computations
+        .iter()
+        .flat_map(|c| c.instructions.iter().map(|i| i.shape.clone()))
+        .collect();
+    let mut seen = 0;
+    while let Some(sh) = stack.pop() {
+        let dims: Vec<i64> = sh.dims.iter().map(|&d| d as i64).collect();
+        if let Some(m) = member_matrix(&dims, 4, &mats) {
+            panic!("optimized: {dims:?} holds a per-member {m:?} matrix");
+        }
+        stack.extend(sh.tuple);
+        seen += 1;
+    }
+    assert!(seen > 50, "only {seen} optimized shapes");
+    // The detector can fail: dense noise puts whole matrices in the members.
+    let dense = ShardedES::new(
+        from_spec(&"iid_gaussian".parse().unwrap()),
+        16,
+        0.01,
+        0.01,
+        2,
+    )
+    .unwrap()
+    .with_member_chunk(Some(4));
+    let found = dense
+        .generation_program(&q, &leaf_infos(&tree))
+        .unwrap()
+        .module
+        .value_types()
+        .iter()
+        .any(|t| member_matrix(&t.shape, 4, &mats).is_some());
+    assert!(found, "the detector missed the dense per-member matrices");
+}
+
+#[test]
+fn layers_setting_parses_and_names_the_key() {
+    assert_eq!(Layers::parse("loop").unwrap(), Layers::Loop);
+    assert_eq!(Layers::parse("unrolled").unwrap(), Layers::Unrolled);
+    let e = Layers::parse("scan").unwrap_err().to_string();
+    assert!(e.contains("layers") && e.contains("\"scan\""), "{e}");
+    for l in [Layers::Loop, Layers::Unrolled] {
+        assert_eq!(Layers::parse(l.name()).unwrap(), l);
+    }
+}
