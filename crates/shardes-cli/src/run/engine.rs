@@ -6,12 +6,11 @@
 use std::collections::BTreeMap;
 
 use anyhow::Result;
-use shardes::distributed::ProcessTrainer;
+use shardes::distributed::{Distributed, ProcessTrainer};
 use shardes::hlo::params::{Array, ParamTree};
 use shardes::host_control::HostTrainer;
 use shardes::{BuildTimes, Trainer};
 
-use super::processes::Group;
 use super::reward::RewardRun;
 use super::step::StepOut;
 use crate::config::ConfigError;
@@ -31,19 +30,19 @@ pub(crate) enum Engine {
 }
 
 impl Engine {
-    /// Runs one generation (with every process of `group` together for
+    /// Runs one generation (with every process of `dist` together for
     /// [`Engine::Processes`]).
-    pub fn step(&mut self, group: &Group) -> Result<StepOut> {
+    pub fn step(&mut self, dist: &Distributed) -> Result<StepOut> {
         match self {
             Engine::Fused(t) => Ok(StepOut {
                 fitness: t.step()?,
                 extra: BTreeMap::new(),
             }),
             Engine::Processes(t) => Ok(StepOut {
-                fitness: t.step(group.dist()?)?,
+                fitness: t.step(dist)?,
                 extra: BTreeMap::new(),
             }),
-            Engine::Reward(r) => r.step(group.dist()?),
+            Engine::Reward(r) => r.step(dist),
             Engine::Host(t) => {
                 let fitness = t.step()?;
                 let mut extra = BTreeMap::new();

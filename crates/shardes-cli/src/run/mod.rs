@@ -440,7 +440,7 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
         }
         let t0 = Instant::now();
         let step = trainer
-            .step(&group)
+            .step(group.dist()?)
             .with_context(|| format!("running generation {g}"))?;
         let fitness = step.fitness;
         let ms = t0.elapsed().as_secs_f64() * 1e3;

@@ -403,7 +403,7 @@ pub fn follow(
             break;
         }
         let fitness = engine
-            .step(group)
+            .step(group.dist()?)
             .with_context(|| format!("running generation {g}"))?
             .fitness;
         if let Some(bad) = finite::fitness(&fitness) {
