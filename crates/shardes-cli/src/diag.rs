@@ -5,6 +5,10 @@
 //! emitted op counts by kind, emission time, XLA compile time, the optimized program's
 //! instruction count, its collectives and the plugin's memory statistics.
 //!
+//! For a `[task]` config, the programs a reward run compiles (the decode of every member,
+//! the tell and, with `[eval]`, the held-out decode); for a control config on an MJCF
+//! model, the policy step and the tell. The rank and depth sweeps are for loss programs.
+//!
 //! Every program is built from the problem's shapes alone (no parameters are allocated),
 //! and every flag and sweep entry is checked before the client starts.
 
@@ -19,11 +23,13 @@ use shardes::hlo::problems::qwen2::MAX_LAYERS;
 use shardes::problem::qwen2::{qwen2_model, qwen2_shapes_at_depth};
 use shardes::runtime::{Client, CompileOptions};
 
+use crate::check_task::{timed, BuiltProgram};
 use crate::config::{Config, ConfigError, ProblemConfig};
 use crate::inspect::{at_least_one, check_writable, count_in, problem_shapes};
 use crate::out::{outln, Stdout};
 use crate::setup;
 use crate::setup::problem_error;
+use crate::{check_mjcf, check_task};
 
 /// Arguments of `shardes diag`.
 #[derive(Debug, Clone, clap::Args)]
@@ -50,6 +56,10 @@ pub struct DiagArgs {
 /// One program's build and compile cost.
 #[derive(Debug, Clone, Serialize)]
 pub struct DiagEntry {
+    /// Which program of a `[task]` or MJCF run (`decode`, `tell`, `eval`, `policy step`);
+    /// absent for a loss config's generation program.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub program: Option<String>,
     /// The strategy.
     pub strategy: String,
     /// Decoder layers (qwen2 depth sweep), else absent.
@@ -118,12 +128,33 @@ fn measure(
     client: &Client,
     layers: Option<usize>,
 ) -> Result<DiagEntry> {
+    let built = timed("generation", || es.generation_program(model, leaves))?;
+    measure_program(
+        &built,
+        None,
+        &es.strategy().name(),
+        es.devices(),
+        client,
+        layers,
+    )
+}
+
+/// The cost of `built` (named `program` in the report, if given) compiled for `devices`.
+fn measure_program(
+    built: &BuiltProgram,
+    program: Option<&str>,
+    strategy: &str,
+    devices: usize,
+    client: &Client,
+    layers: Option<usize>,
+) -> Result<DiagEntry> {
     let t0 = Instant::now();
-    let program = es.generation_program(model, leaves)?;
-    let mlir = program.module.to_mlir();
-    let emit_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let mlir = built.program.module.to_mlir();
+    let emit_ms = built.build_ms + t0.elapsed().as_secs_f64() * 1e3;
     let t1 = Instant::now();
-    let exe = client.compile(&mlir, &CompileOptions::new(es.devices()))?;
+    let exe = client
+        .compile(&mlir, &CompileOptions::new(devices))
+        .with_context(|| format!("compiling the {} program", built.name))?;
     let compile_ms = t1.elapsed().as_secs_f64() * 1e3;
     let hlo = exe.optimized_hlo()?;
     let by_op = hlo.opcode_counts();
@@ -136,9 +167,10 @@ fn measure(
         .collect();
     let mem = exe.compiled_memory_stats().unwrap_or_default();
     let device = client.device_memory_stats(0)?;
-    let emitted = program.module.op_counts();
+    let emitted = built.program.module.op_counts();
     Ok(DiagEntry {
-        strategy: es.strategy().name(),
+        program: program.map(str::to_string),
+        strategy: strategy.to_string(),
         layers,
         emitted_ops: emitted.values().sum(),
         emitted_by_kind: emitted,
@@ -158,6 +190,38 @@ fn measure(
     })
 }
 
+/// The programs of a `[task]` or MJCF config (what its run compiles), measured; `None`
+/// for a loss config. Everything is checked before the client starts.
+fn run_programs(config: &Config) -> Result<Option<(String, Vec<DiagEntry>)>> {
+    let (es, summary, built) = if config.task.is_some() {
+        let plan = check_task::plan(config)?;
+        let built = check_task::programs(config, &plan)?;
+        (plan.es, plan.summary, built)
+    } else if check_mjcf::is_mjcf(config)? {
+        let plan = check_mjcf::plan(config)?;
+        let built = check_mjcf::programs(&plan)?;
+        (plan.es, plan.summary, built)
+    } else {
+        return Ok(None);
+    };
+    let client = Client::cpu(config.devices)?;
+    let strategy = es.strategy().name();
+    let mut entries = Vec::new();
+    for b in &built {
+        // The held-out decode runs the unperturbed parameters.
+        let s = if b.name == "eval" { "plain" } else { &strategy };
+        entries.push(measure_program(
+            b,
+            Some(b.name),
+            s,
+            es.devices(),
+            &client,
+            None,
+        )?);
+    }
+    Ok(Some((summary, entries)))
+}
+
 /// Runs `shardes diag`.
 pub fn run(args: &DiagArgs) -> Result<()> {
     let config = Config::load(&args.config)?;
@@ -173,6 +237,9 @@ pub fn run(args: &DiagArgs) -> Result<()> {
             "remove the `plugin` key from the config to diagnose on the CPU plugin",
         )
         .into());
+    }
+    if let Some((summary, entries)) = run_programs(&config)? {
+        return report(args, &config, &summary, &entries);
     }
     let spec = config.es.strategy.clone();
     // Everything the sweep builds is checked before the client starts or anything compiles.
@@ -202,12 +269,20 @@ pub fn run(args: &DiagArgs) -> Result<()> {
         let layers = model.config.num_hidden_layers;
         entries.push(measure(&es, model, leaves, &client, Some(layers))?);
     }
+    report(args, &config, &p.summary, &entries)
+}
+
+/// Writes the JSON report (with `--json`) and prints the table.
+fn report(args: &DiagArgs, config: &Config, summary: &str, entries: &[DiagEntry]) -> Result<()> {
     // The JSON first: a reader that closes stdout early (`| head`) must not lose it.
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&entries)?)
             .with_context(|| format!("writing the JSON report to {}", path.display()))?;
     }
-    let first = &entries[0];
+    let Some(first) = entries.first() else {
+        anyhow::bail!("no program to report");
+    };
+    let programs = first.program.is_some();
     let mut out = Stdout::new();
     outln!(
         out,
@@ -215,12 +290,12 @@ pub fn run(args: &DiagArgs) -> Result<()> {
         first.strategy,
         config.es.n,
         config.devices,
-        p.summary
+        summary
     );
     outln!(
         out,
         "{:<28}{:>7}{:>8}{:>10}{:>10}{:>12}{:>12}{:>12}",
-        "strategy",
+        if programs { "program" } else { "strategy" },
         "layers",
         "ops",
         "emit ms",
@@ -229,13 +304,19 @@ pub fn run(args: &DiagArgs) -> Result<()> {
         "temp MiB",
         "collectives"
     );
-    for e in &entries {
+    for e in entries {
         let coll: usize = e.collectives.values().sum();
         let layers = e.layers.map_or_else(|| "-".to_string(), |l| l.to_string());
+        // The header names the run's strategy; a program without it says so.
+        let name = match &e.program {
+            Some(p) if e.strategy != first.strategy => format!("{p} ({})", e.strategy),
+            Some(p) => p.clone(),
+            None => e.strategy.clone(),
+        };
         outln!(
             out,
             "{:<28}{:>7}{:>8}{:>10.1}{:>10.0}{:>12}{:>12.2}{:>12}",
-            e.strategy,
+            name,
             layers,
             e.emitted_ops,
             e.emit_ms,
@@ -245,19 +326,24 @@ pub fn run(args: &DiagArgs) -> Result<()> {
             coll
         );
     }
-    outln!(out, "emitted ops by kind ({}):", first.strategy);
+    let label = first.program.as_deref().unwrap_or(&first.strategy);
+    outln!(out, "emitted ops by kind ({label}):");
     for (k, v) in &first.emitted_by_kind {
         outln!(out, "  {k:<36}{v:>6}");
     }
     outln!(out, "collectives: {:?}", first.collectives);
-    outln!(
-        out,
-        "memory ({}): arguments {:.1} MiB, outputs {:.1} MiB, temporaries {:.1} MiB per device",
-        first.strategy,
-        mib(first.argument_bytes),
-        mib(first.output_bytes),
-        mib(first.temp_bytes)
-    );
+    // A loss config's sweep varies one program; a run's programs each have their own.
+    let shown = if programs { entries } else { &entries[..1] };
+    for e in shown {
+        outln!(
+            out,
+            "memory ({}): arguments {:.1} MiB, outputs {:.1} MiB, temporaries {:.1} MiB per device",
+            e.program.as_deref().unwrap_or(&e.strategy),
+            mib(e.argument_bytes),
+            mib(e.output_bytes),
+            mib(e.temp_bytes)
+        );
+    }
     let last = entries.last().unwrap_or(first);
     match (last.device_bytes_in_use, last.device_peak_bytes_in_use) {
         (Some(now), peak) => outln!(

@@ -1,4 +1,5 @@
-//! `shardes hlo`, `shardes devices` and `shardes check`: look at a run without running it.
+//! `shardes hlo`, `shardes devices` and `shardes check`: look at a run without running it
+//! (`check` on a `[task]` or an MJCF config: [`crate::check_task`], [`crate::check_mjcf`]).
 //!
 //! Their output is the product: a reader that closes the pipe early (`| head`) ends the
 //! command quietly with its normal exit code; any other write error (`> /dev/full`) is a
@@ -225,6 +226,12 @@ pub fn devices(args: &DevicesArgs) -> Result<()> {
 /// Runs `shardes check`; returns the number of findings.
 pub fn check(args: &CheckArgs) -> Result<usize> {
     let config = Config::load(&args.config)?;
+    if config.task.is_some() {
+        return crate::check_task::check(&config, args.json);
+    }
+    if crate::check_mjcf::is_mjcf(&config)? {
+        return crate::check_mjcf::check(&config, args.json);
+    }
     let (_, p) = problem_shapes(&config)?;
     let leaves = p.leaves;
     let findings = check_model(&*p.model, &leaves).context("tracing the model")?;

@@ -15,6 +15,8 @@ mod bench;
 mod bench_control;
 mod bench_decode;
 mod bench_qwen2;
+mod check_mjcf;
+mod check_task;
 mod completions;
 mod config;
 mod diag;
@@ -52,7 +54,8 @@ enum Command {
     Hlo(inspect::HloArgs),
     /// List the plugin's devices, platform and versions.
     Devices(inspect::DevicesArgs),
-    /// Check that the model reads every leaf, and every 2-D leaf through a seam.
+    /// Check a config without compiling: the model reads every leaf, every 2-D leaf through
+    /// a seam; for a [task] or MJCF config also what a run would do.
     Check(inspect::CheckArgs),
     /// Measure generation time, FLOP rate, host overhead and memory.
     Bench(bench::BenchArgs),

@@ -31,7 +31,7 @@ mod curves;
 pub(crate) mod engine;
 mod finite;
 pub(crate) mod processes;
-mod reward;
+pub(crate) mod reward;
 mod signals;
 mod start;
 mod step;

@@ -1,0 +1,384 @@
+//! `shardes check` and `shardes diag` on the configs whose runs have no loss program: a
+//! `[task]` (reward fine-tuning: decode, score on the host, tell) and a control problem on
+//! an MJCF model (episodes on the host). Through the real plugin: `check` validates and
+//! prints what a run would do without compiling, `diag` compiles the run's programs, and a
+//! bad config is still a one-line error naming the key (exit 2). Also the forms a bad
+//! qwen2 `problem.size` lists, each of which is accepted.
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+
+/// Runs the binary from the repository root (the examples' paths are relative to it).
+fn at_repo(args: &[&str]) -> std::process::Output {
+    bin()
+        .current_dir(repo())
+        .args(args)
+        .output()
+        .expect("spawning shardes")
+}
+
+/// A small target_token reward config (token ids, no tokenizer): 2 devices, n = 4, two
+/// prompts of 4 tokens, 4 new tokens each; `extra` goes into `[task]`.
+fn target_token(out: &Path, extra: &str, eval: bool) -> String {
+    format!(
+        r#"devices = 2
+[problem]
+name = "qwen2"
+size = "tiny"
+[es]
+strategy = "mirrored(lowrank(r=1))"
+n = 4
+sigma = 0.05
+lr = 0.05
+[task]
+name = "target_token"
+token = 7
+prompts = 2
+prompt_tokens = 4
+prompt_len = 4
+max_new_tokens = 4
+{extra}
+{}
+[run]
+seed = 0
+generations = 3
+out = "{}"
+"#,
+        if eval {
+            "[eval]\nevery = 2\nprompts = 2"
+        } else {
+            ""
+        },
+        out.display()
+    )
+}
+
+#[test]
+fn check_on_the_countdown_example_prints_what_a_run_would_do() {
+    let o = at_repo(&["check", "examples/countdown_tiny.toml"]);
+    let (stdout, stderr) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{stdout}\n{stderr}");
+    for want in [
+        "ok: qwen2 (random tiny, 2 layers, d 32, vocab 128) decoding; reads all 26 leaves, \
+         every 2-D leaf through a seam",
+        "population: mirrored(lowrank(r=1)) n = 32 on 8 device(s) (4 per device, member chunk 4), \
+         sigma 0.01, lr 0.01, shaping centered_ranks",
+        "decode: greedy, 32 members x 4 prompts = 128 rows of prompt_len 24 + max_new_tokens 24 \
+         = 48 positions (the preset has no position limit); eos [1], pad 1",
+        "task: countdown, 4 prompts per generation",
+        "at most 3072 tokens generated per generation",
+        "first prompt: \"numbers ",
+        "tokenizer: examples/countdown_tokenizer.json; chat: off",
+        "eval: 16 held-out prompts",
+        "at generations 0, 5, 10 (3 evaluations), 3 samples each, to \
+         runs/countdown_tiny/eval.jsonl",
+        "programs: decode and tell, and the held-out decode",
+    ] {
+        assert!(stdout.contains(want), "missing {want:?} in:\n{stdout}");
+    }
+    let o = at_repo(&["check", "--json", "examples/countdown_tiny.toml"]);
+    assert_eq!(o.status.code(), Some(0));
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).expect("one JSON object");
+    assert_eq!(doc["task"], "countdown");
+    assert_eq!(doc["leaves"], 26);
+    assert_eq!(doc["findings"].as_array().map(Vec::len), Some(0));
+    assert_eq!(doc["decode"]["rows"], 128);
+    assert_eq!(doc["decode"]["eos"], serde_json::json!([1]));
+    assert_eq!(doc["eval_prompts"], 16);
+}
+
+#[test]
+fn check_on_a_checkpoint_task_reads_its_positions_and_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = repo().join("tests/fixtures/qwen2_tiny");
+    let config = target_token(&dir.path().join("out"), "", false).replace(
+        "size = \"tiny\"",
+        &format!("checkpoint = \"{}\"", fixture.display()),
+    );
+    let cfg = write(dir.path(), "t.toml", &config);
+    let o = shardes(&["check", cfg.to_str().unwrap()]);
+    let (stdout, stderr) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{stdout}\n{stderr}");
+    // The fixture: max_position_embeddings 64, eos and pad 0 (generation_config.json).
+    assert!(
+        stdout.contains("= 8 positions of the model's 64; eos [0], pad 0"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("eval: none (no [eval] section)"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("programs: decode and tell ("), "{stdout}");
+}
+
+#[test]
+fn bad_task_configs_exit_2_naming_the_key_in_check_and_diag() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let fixture = repo().join("tests/fixtures/qwen2_tiny");
+    let checkpoint = format!("checkpoint = \"{}\"", fixture.display());
+    let countdown = std::fs::read_to_string(repo().join("examples/countdown_tiny.toml"))
+        .unwrap()
+        .replace(
+            "examples/countdown_tokenizer.json",
+            &repo()
+                .join("examples/countdown_tokenizer.json")
+                .display()
+                .to_string(),
+        );
+    let cases: Vec<(String, &str)> = vec![
+        // A countdown prompt of "numbers a b c target t answer" needs more than 4 tokens.
+        (
+            countdown.replace("prompt_len = 24", "prompt_len = 4"),
+            "task.prompt_len = 4: training prompt 0 has",
+        ),
+        (
+            target_token(&out, "", false).replace("prompt_len = 4", "prompt_len = 3"),
+            "task.prompt_len = 3",
+        ),
+        // 40 + 40 > the fixture's 64 positions.
+        (
+            target_token(&out, "", false)
+                .replace("size = \"tiny\"", &checkpoint)
+                .replace("prompt_len = 4", "prompt_len = 40")
+                .replace("max_new_tokens = 4", "max_new_tokens = 40"),
+            "task.prompt_len + task.max_new_tokens = 80 exceeds the model's 64 positions",
+        ),
+        (
+            countdown.replace("eos = [1]", "eos = [1]\nchat = true"),
+            "task.chat = true needs problem.checkpoint",
+        ),
+        (
+            target_token(&out, "chat = true", false).replace("size = \"tiny\"", &checkpoint),
+            "has no chat template",
+        ),
+        (
+            countdown.replace("tokenizer = ", "# tokenizer = "),
+            "task \"countdown\" has text prompts but the problem has no tokenizer",
+        ),
+        (
+            target_token(&out, "eos = [128]", false),
+            "task.eos: id 128 is not below the vocabulary size 128",
+        ),
+        (
+            target_token(&out, "", false).replace("size = \"tiny\"", "size = \"huge\""),
+            "problem.size",
+        ),
+        (
+            target_token(&out, "", true).replace("prompts = 2\n[run]", "prompts = 0\n[run]"),
+            "eval.prompts = 0",
+        ),
+    ];
+    for (i, (config, want)) in cases.iter().enumerate() {
+        let cfg = write(dir.path(), &format!("bad{i}.toml"), config);
+        for sub in ["check", "diag"] {
+            let o = shardes(&[sub, cfg.to_str().unwrap()]);
+            let (stdout, stderr) = text(&o);
+            assert_eq!(
+                o.status.code(),
+                Some(2),
+                "{sub} case {i}: {stdout}\n{stderr}"
+            );
+            assert!(
+                stderr.contains(want),
+                "{sub} case {i}: want {want:?}:\n{stderr}"
+            );
+            assert!(stderr.contains("hint: "), "{sub} case {i}: {stderr}");
+        }
+    }
+    // A [task] config's bad size lists the forms a decoding model accepts (presets).
+    let cfg = write(dir.path(), "bad_size.toml", &cases[7].0);
+    let (_, stderr) = text(&shardes(&["check", cfg.to_str().unwrap()]));
+    assert!(
+        stderr.contains("a [task] config decodes a named preset")
+            && stderr.contains("\"qwen2.5-1.5b\""),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn diag_compiles_the_programs_of_a_reward_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write(
+        dir.path(),
+        "t.toml",
+        &target_token(&dir.path().join("out"), "", true),
+    );
+    let json = dir.path().join("diag.json");
+    let o = shardes(&[
+        "diag",
+        cfg.to_str().unwrap(),
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let (stdout, stderr) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stdout.starts_with(
+            "mirrored(lowrank(r=1)), n=4 devices=2: qwen2 (random tiny, 2 layers, d 32, vocab \
+             128) decoding"
+        ),
+        "{stdout}"
+    );
+    for want in [
+        "program                      layers",
+        "emitted ops by kind (decode):",
+        "memory (decode): arguments",
+        "memory (tell): arguments",
+        "memory (eval): arguments",
+        "host peak RSS after compiling every program: ",
+    ] {
+        assert!(stdout.contains(want), "missing {want:?} in:\n{stdout}");
+    }
+    let rows: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("decode ") || l.starts_with("tell ") || l.starts_with("eval "))
+        .collect();
+    assert_eq!(rows.len(), 3, "{stdout}");
+    assert!(rows[2].starts_with("eval (plain)"), "{stdout}");
+    let entries: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let names: Vec<&str> = entries
+        .iter()
+        .map(|e| e["program"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["decode", "tell", "eval"]);
+    for e in &entries {
+        assert!(e["compile_ms"].as_f64().unwrap() > 0.0, "{e}");
+        assert!(e["optimized_instructions"].as_u64().unwrap() > 0, "{e}");
+        assert!(e["emitted_ops"].as_u64().unwrap() > 0, "{e}");
+    }
+    // The decode reads every member's noise and the tokens: it emits a while loop over
+    // the new tokens; the tell's update is a collective over the two devices.
+    assert!(
+        entries[0]["emitted_by_kind"]["stablehlo.while"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    assert!(!entries[1]["collectives"].as_object().unwrap().is_empty());
+    // Without [eval] the run compiles no held-out decode.
+    let cfg = write(
+        dir.path(),
+        "t2.toml",
+        &target_token(&dir.path().join("out"), "", false),
+    );
+    let o = shardes(&["diag", cfg.to_str().unwrap()]);
+    let (stdout, stderr) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(!stdout.contains("memory (eval)"), "{stdout}");
+}
+
+#[test]
+fn check_and_diag_on_the_mujoco_examples() {
+    let o = at_repo(&["check", "examples/cartpole_mujoco.toml"]);
+    let (stdout, stderr) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{stdout}\n{stderr}");
+    for want in [
+        "ok: control examples/mujoco/cartpole.xml (MuJoCo, ",
+        "its policy step reads all 4 leaves, every 2-D leaf through a seam",
+        "population: mirrored(lowrank(r=1)) n = 64 on 8 device(s)",
+        "episodes: 64 members x 8 episodes of at most 500 steps per generation",
+        "policy: widths [4, 16, 1]",
+        "programs: policy step and tell",
+    ] {
+        assert!(stdout.contains(want), "missing {want:?} in:\n{stdout}");
+    }
+    let o = at_repo(&["check", "examples/reacher_mujoco.toml"]);
+    let (stdout, stderr) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(stdout.contains("policy: widths [8, 16, 2]"), "{stdout}");
+    let o = at_repo(&["diag", "examples/cartpole_mujoco.toml"]);
+    let (stdout, stderr) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{stdout}\n{stderr}");
+    for want in [
+        "emitted ops by kind (policy step):",
+        "memory (policy step): arguments",
+        "memory (tell): arguments",
+        "host peak RSS after compiling every program: ",
+    ] {
+        assert!(stdout.contains(want), "missing {want:?} in:\n{stdout}");
+    }
+    assert!(
+        stdout.lines().any(|l| l.starts_with("policy step ")),
+        "{stdout}"
+    );
+}
+
+/// A qwen2 config of `size` on the example data (tokenized by the fixture's tokenizer).
+fn sized(size: &str) -> String {
+    format!(
+        r#"[problem]
+name = "qwen2"
+size = "{size}"
+tokenizer = "{}"
+data = "{}"
+[es]
+strategy = "mirrored(lowrank(r=1))"
+n = 16
+sigma = 0.01
+lr = 0.01
+[run]
+generations = 1
+"#,
+        repo()
+            .join("tests/fixtures/qwen2_tiny/tokenizer.json")
+            .display(),
+        repo().join("examples/qwen2_tiny.jsonl").display()
+    )
+}
+
+#[test]
+fn a_bad_qwen2_size_lists_every_accepted_form_and_each_is_accepted() {
+    let dir = tempfile::tempdir().unwrap();
+    let forms = [
+        "tiny",
+        "0.5b",
+        "qwen2.5-0.5b",
+        "1.5b",
+        "qwen2.5-1.5b",
+        "vocab=4096,d=256,ffn=1024,layers=4,heads=4,kv=2",
+    ];
+    for bad in ["huge", "vocab=128,dd=32", "vocab=128,d=33"] {
+        let cfg = write(dir.path(), "bad.toml", &sized(bad));
+        let o = shardes(&["check", cfg.to_str().unwrap()]);
+        let (_, stderr) = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{bad}: {stderr}");
+        assert!(stderr.contains("problem.size"), "{bad}: {stderr}");
+        let hint = stderr
+            .lines()
+            .find(|l| l.trim_start().starts_with("hint:"))
+            .unwrap_or_else(|| panic!("{bad}: no hint in {stderr}"));
+        for form in forms {
+            assert!(
+                hint.contains(&format!("\"{form}\"")),
+                "{bad}: {form} not in {hint}"
+            );
+        }
+        for key in [
+            "vocab",
+            "d",
+            "ffn",
+            "layers",
+            "heads",
+            "kv",
+            "problem.checkpoint",
+        ] {
+            assert!(hint.contains(key), "{bad}: {key} not in {hint}");
+        }
+    }
+    // Every form the hint names is one the parser accepts.
+    for form in forms {
+        let cfg = write(dir.path(), "ok.toml", &sized(form));
+        let o = shardes(&["check", cfg.to_str().unwrap()]);
+        let (stdout, stderr) = text(&o);
+        assert_eq!(o.status.code(), Some(0), "{form}: {stdout}\n{stderr}");
+        assert!(
+            stdout.starts_with("ok: qwen2 reads all"),
+            "{form}: {stdout}"
+        );
+    }
+}
