@@ -149,6 +149,13 @@ fn prompt_stats(
     let mut longest = 0;
     for (index, p) in prompts.iter().enumerate() {
         let len = codec.encode(p)?.len();
+        if len == 0 {
+            return Err(ConfigError::new(
+                format!("task: {which} prompt {index} has no tokens"),
+                "every prompt needs at least one token: check the task's prompts",
+            )
+            .into());
+        }
         if len > prompt_len {
             return Err(ConfigError::new(
                 format!("task.prompt_len = {prompt_len}: {which} prompt {index} has {len} tokens"),
@@ -206,7 +213,7 @@ pub fn plan(config: &Config) -> Result<TaskPlan> {
         Some(p) => codec.rendered(p)?,
         None => String::new(),
     };
-    // The decoding model reads the leaves the loss model does, through the same seams.
+    // `check_model` traces a loss; the decoder is the same Qwen2 over the same leaves.
     let traced = Qwen2::new(loaded.config.clone(), 1, 1).with_compute_dtype(loaded.compute_dtype);
     let findings = check_model(&traced, &leaves).context("tracing the model")?;
     let tokenizer = match &config.problem {

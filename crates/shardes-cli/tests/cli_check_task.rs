@@ -382,3 +382,27 @@ fn a_bad_qwen2_size_lists_every_accepted_form_and_each_is_accepted() {
         );
     }
 }
+
+/// The committed reward config at Qwen2.5-0.5B shapes (docs/performance.md measures its
+/// programs with `diag`) stays valid; `check` reads no parameter, so this is quick.
+#[test]
+fn the_0_5b_reward_bench_config_checks() {
+    let o = at_repo(&["check", "benches/reward_0_5b.toml"]);
+    let (stdout, stderr) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stdout.starts_with(
+            "ok: qwen2 (random 0.5b, 24 layers, d 896, vocab 151936) decoding; reads all 290 \
+             leaves"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("n = 8 on 1 device(s) (8 per device, member chunk 4)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("8 members x 2 prompts = 16 rows of prompt_len 16 + max_new_tokens 16"),
+        "{stdout}"
+    );
+}
