@@ -9,6 +9,7 @@ use super::host::{
     Key, NORMAL_UNIFORM_LO, THREEFRY_GROUPS, THREEFRY_INJECTIONS, THREEFRY_PARITY,
     THREEFRY_ROTATIONS, UNIFORM_EXPONENT_BITS, UNIFORM_MANTISSA_SHIFT,
 };
+use super::erf_inv::erf_inv_exact;
 use crate::builder::{DType, Func, HloError, Result, TensorType, Value};
 
 /// A batch of threefry keys as program values: words `k0` and `k1`, u32 arrays of one shape.
@@ -169,10 +170,10 @@ impl Keys {
     }
 
     /// [`Keys::normal`] with threefry's 20 rounds as straight-line elementwise ops
-    /// ([`threefry2x32_unrolled`]): the same bits, for a consumer that reads each normal
-    /// once, so XLA fuses the whole draw (rounds, `erf_inv` and the consumer) into one
-    /// kernel instead of a `while` loop over full-size arrays. More ops to compile; use it
-    /// at few sites.
+    /// ([`threefry2x32_unrolled`]) and `erf_inv` as [`erf_inv_exact`] (no scalar `logf`
+    /// call): the same bits, for a consumer that reads each normal once, so XLA fuses the
+    /// whole draw (rounds, `erf_inv` and the consumer) into one vectorized kernel instead
+    /// of a `while` loop over full-size arrays. More ops to compile; use it at few sites.
     pub fn normal_unrolled(&self, shape: &[i64]) -> Result<Value> {
         let f = self.k0.func();
         let size: i64 = shape.iter().product();
@@ -196,7 +197,7 @@ impl Keys {
         let keys = self.broadcast_in_dim(&full, &key_dims)?;
         let zero = f.scalar(0u32)?.broadcast_to(&full)?;
         let (y0, y1) = threefry2x32_unrolled(&keys.k0, &keys.k1, &zero, &counter)?;
-        normal_of_bits(&y0.xor(&y1)?)
+        normal_of_bits_exact(&y0.xor(&y1)?)
     }
 
     /// `uniform(key, shape, lo, hi)` in f32 for every key (shape `keys.shape() ++ shape`).
@@ -229,6 +230,14 @@ pub fn normal_of_bits(bits: &Value) -> Result<Value> {
     let u = uniform_of_bits(bits, NORMAL_UNIFORM_LO, 1.0)?;
     let f = u.func();
     u.erf_inv()?.mul(&f.scalar(std::f32::consts::SQRT_2)?)
+}
+
+/// [`normal_of_bits`] with [`erf_inv_exact`] in place of `chlo.erf_inv`: the same bits on
+/// the CPU plugin, and no scalar library call for XLA to make per element.
+pub fn normal_of_bits_exact(bits: &Value) -> Result<Value> {
+    let u = uniform_of_bits(bits, NORMAL_UNIFORM_LO, 1.0)?;
+    let f = u.func();
+    erf_inv_exact(&u)?.mul(&f.scalar(std::f32::consts::SQRT_2)?)
 }
 
 /// threefry2x32 (20 rounds) elementwise over u32 values with numpy broadcasting.
