@@ -9,7 +9,9 @@
 //! beyond 1, ±∞ and NaN both give NaN, which is all that is compared there). The slow tier (`slow_`) sweeps every bit pattern with `|x| < 1`.
 
 use shardes::hlo::builder::{DType, Module, TensorType};
+use shardes::hlo::prng::emit::{normal_of_bits_exact, threefry2x32_unrolled};
 use shardes::hlo::prng::erf_inv::erf_inv_exact;
+use shardes::hlo::prng::{Key, Keys};
 use shardes::runtime::{Client, CompileOptions, Executable};
 
 /// Elements per run.
@@ -40,9 +42,7 @@ fn mismatches(inputs: &[u32]) -> (usize, Vec<(u32, u32, u32)>) {
     let client = Client::cpu(1).expect("CPU plugin");
     let (chlo, exact) = (program(&client, false), program(&client, true));
     let run = |exe: &Executable, chunk: &[u32]| -> Vec<u32> {
-        let b = client
-            .buffer_from_host(chunk, &[CHUNK], 0)
-            .unwrap();
+        let b = client.buffer_from_host(chunk, &[CHUNK], 0).unwrap();
         let out = exe.execute(&[vec![&b]]).unwrap();
         out[0][0].to_host::<u32>().unwrap()
     };
@@ -55,7 +55,8 @@ fn mismatches(inputs: &[u32]) -> (usize, Vec<(u32, u32, u32)>) {
         for ((&x, &p), &q) in part.iter().zip(&a).zip(&b) {
             // Outside [-1, 1] only NaN-ness is compared (NaN signs and payloads depend on
             // which operation made them).
-            let outside = !(f32::from_bits(x).abs() <= 1.0);
+            let ax = f32::from_bits(x).abs();
+            let outside = ax.is_nan() || ax > 1.0;
             let nans = f32::from_bits(p).is_nan() && f32::from_bits(q).is_nan();
             if p != q && !(outside && nans) {
                 count += 1;
@@ -103,7 +104,11 @@ fn erf_inv_exact_equals_chlo_on_every_edge_class() {
     // Around x² = 1e-7 (log1p's y tiny, glibc's 1 + y = 1).
     around(1e-3f64.sqrt(), 1 << 14, &mut v);
     // log1p's branch: |x²| = √2 − 1 in f32.
-    around(f64::from(f32::from_bits(0x3ed4_13cd)).sqrt(), 1 << 16, &mut v);
+    around(
+        f64::from(f32::from_bits(0x3ed4_13cd)).sqrt(),
+        1 << 16,
+        &mut v,
+    );
     // The polynomial's w = 5: x² = 1 − e⁻⁵.
     around((1.0 - (-5.0f64).exp()).sqrt(), 1 << 16, &mut v);
     // glibc logf's table boundaries in t = 1 − x²: t = 2^e (1 + j/16) · 0x3f330000's
@@ -118,7 +123,14 @@ fn erf_inv_exact_equals_chlo_on_every_edge_class() {
     }
     // The last 2^18 floats below 1 (t down to 2⁻²³), and ±1, ±∞, NaN.
     both_signs(ONE - (1 << 18), ONE, &mut v);
-    v.extend([ONE, ONE | SIGN, 0x7f80_0000, 0xff80_0000, 0x7fc0_0000, 0xffc0_0000]);
+    v.extend([
+        ONE,
+        ONE | SIGN,
+        0x7f80_0000,
+        0xff80_0000,
+        0x7fc0_0000,
+        0xffc0_0000,
+    ]);
     // Beyond 1 (NaN on both sides): just above 1, 2, 1e30, the largest float.
     for b in [ONE + 1, ONE + 2, 0x4000_0000, 0x7149_f2ca, 0x7f7f_ffff] {
         v.extend([b, b | SIGN]);
@@ -149,10 +161,52 @@ fn slow_erf_inv_exact_equals_chlo_on_every_input_below_one() {
         both_signs(lo, lo.saturating_add(step), &mut v);
         total += v.len();
         let (count, first) = mismatches(&v);
-        assert_eq!(count, 0, "bits [{lo:#x}, +{step:#x}): {count} differ: {first:x?}");
+        assert_eq!(
+            count, 0,
+            "bits [{lo:#x}, +{step:#x}): {count} differ: {first:x?}"
+        );
         lo = lo.saturating_add(step);
     }
     assert_eq!(total, 2 * ONE as usize);
+}
+
+#[test]
+fn exact_normals_fused_with_unrolled_threefry_equal_keys_normal() {
+    // In one fused kernel with the draw (as a consumer would read them), 16 keys × 65536.
+    let client = Client::cpu(1).expect("CPU plugin");
+    let mut m = Module::new("fused");
+    let f = m.func("main");
+    let k = f.arg("key", TensorType::u32(&[2])).unwrap();
+    let keys = Keys::from_data(&k).unwrap();
+    let per = keys
+        .fold_in(&f.iota(TensorType::u32(&[16]), 0).unwrap())
+        .unwrap();
+    let full = [16, 65536];
+    let wide = per.broadcast_in_dim(&full, &[0]).unwrap();
+    let (k0, k1) = wide.words();
+    let ctr = f.iota(TensorType::u32(&full), 1).unwrap();
+    let zero = f.scalar(0u32).unwrap().broadcast_to(&full).unwrap();
+    let (y0, y1) = threefry2x32_unrolled(k0, k1, &zero, &ctr).unwrap();
+    let exact = normal_of_bits_exact(&y0.xor(&y1).unwrap()).unwrap();
+    let reference = per.normal(&[65536]).unwrap();
+    for v in [&reference, &exact] {
+        f.output(&v.bitcast_convert(DType::U32).unwrap()).unwrap();
+    }
+    m.add(f.finish().unwrap()).unwrap();
+    let exe = client
+        .compile(&m.to_mlir(), &CompileOptions::new(1))
+        .unwrap();
+    let kb = client
+        .buffer_from_host(&Key::from_data([7, 3]).data(), &[2], 0)
+        .unwrap();
+    let out = exe.execute(&[vec![&kb]]).unwrap();
+    let (a, b) = (
+        out[0][0].to_host::<u32>().unwrap(),
+        out[0][1].to_host::<u32>().unwrap(),
+    );
+    assert_eq!(a.len(), 16 * 65536);
+    let differ = a.iter().zip(&b).filter(|(p, q)| p != q).count();
+    assert_eq!(differ, 0, "{differ} of {} normals differ", a.len());
 }
 
 #[test]

@@ -5,11 +5,11 @@
 //! constants and the key schedule come from [`super::host`]: there is one definition of
 //! the PRNG, evaluated in two places.
 
+use super::erf_inv::erf_inv_exact;
 use super::host::{
     Key, NORMAL_UNIFORM_LO, THREEFRY_GROUPS, THREEFRY_INJECTIONS, THREEFRY_PARITY,
     THREEFRY_ROTATIONS, UNIFORM_EXPONENT_BITS, UNIFORM_MANTISSA_SHIFT,
 };
-use super::erf_inv::erf_inv_exact;
 use crate::builder::{DType, Func, HloError, Result, TensorType, Value};
 
 /// A batch of threefry keys as program values: words `k0` and `k1`, u32 arrays of one shape.
@@ -170,10 +170,15 @@ impl Keys {
     }
 
     /// [`Keys::normal`] with threefry's 20 rounds as straight-line elementwise ops
-    /// ([`threefry2x32_unrolled`]) and `erf_inv` as [`erf_inv_exact`] (no scalar `logf`
-    /// call): the same bits, for a consumer that reads each normal once, so XLA fuses the
-    /// whole draw (rounds, `erf_inv` and the consumer) into one vectorized kernel instead
-    /// of a `while` loop over full-size arrays. More ops to compile; use it at few sites.
+    /// ([`threefry2x32_unrolled`]): the same bits, for a consumer that reads each normal
+    /// once, so XLA fuses the whole draw (rounds, `erf_inv` and the consumer) into one
+    /// kernel instead of a `while` loop over full-size arrays. More ops to compile; use it
+    /// at few sites.
+    ///
+    /// It keeps `chlo.erf_inv` (one scalar `logf` call per element) rather than
+    /// [`normal_of_bits_exact`]: in `how = A`'s contraction kernel the longer loop body
+    /// stops LLVM from unrolling the two-direction dot loop, so nothing is vectorized and
+    /// `tell` gets 3× slower (`docs/performance.md`, "how = A with full-rank noise").
     pub fn normal_unrolled(&self, shape: &[i64]) -> Result<Value> {
         let f = self.k0.func();
         let size: i64 = shape.iter().product();
@@ -197,7 +202,7 @@ impl Keys {
         let keys = self.broadcast_in_dim(&full, &key_dims)?;
         let zero = f.scalar(0u32)?.broadcast_to(&full)?;
         let (y0, y1) = threefry2x32_unrolled(&keys.k0, &keys.k1, &zero, &counter)?;
-        normal_of_bits_exact(&y0.xor(&y1)?)
+        normal_of_bits(&y0.xor(&y1)?)
     }
 
     /// `uniform(key, shape, lo, hi)` in f32 for every key (shape `keys.shape() ++ shape`).
@@ -233,7 +238,9 @@ pub fn normal_of_bits(bits: &Value) -> Result<Value> {
 }
 
 /// [`normal_of_bits`] with [`erf_inv_exact`] in place of `chlo.erf_inv`: the same bits on
-/// the CPU plugin, and no scalar library call for XLA to make per element.
+/// the CPU plugin (also when fused with an unrolled threefry draw, `tests/erf_inv_exact.rs`),
+/// and no scalar library call for XLA to make per element; more ops, and f64 ones, which
+/// halve the vector width of the kernel they are fused into.
 pub fn normal_of_bits_exact(bits: &Value) -> Result<Value> {
     let u = uniform_of_bits(bits, NORMAL_UNIFORM_LO, 1.0)?;
     let f = u.func();

@@ -10,6 +10,11 @@
 //! routines: a 16-entry table of `1/c` and `log c` in f64 and a cubic in f64, since glibc
 //! 2.28) written out as bit and f64 ops, which XLA vectorizes and fuses into the consumer.
 //!
+//! It is not on the hot path: fused into `how = A`'s draw-and-contract kernel it made that
+//! kernel scalar (the longer body keeps LLVM from unrolling the dot's direction loop, the
+//! only way the outer loop gets vectorized), and even vectorized its f64 steps halve the
+//! kernel's lanes; `docs/performance.md`, "how = A with full-rank noise", has the numbers.
+//!
 //! The results are the same bits as `chlo.erf_inv` for every f32 input, checked through the
 //! plugin (`tests/erf_inv_exact.rs`: a few million inputs with every edge class by default,
 //! all 2.1·10⁹ bit patterns of `(-1, 1)` in the slow tier). The log part was also
@@ -110,10 +115,10 @@ pub fn log_glibc(t: &Value) -> Result<Value> {
     let d = |b: u64| f.scalar(f64::from_bits(b));
     let ix = t.bitcast_convert(DType::U32)?;
     let tmp = ix.sub(&f.scalar(LOGF_OFF)?)?;
-    let i = tmp
-        .shift_right_logical(&f.scalar(19u32)?)?
-        .and(&f.scalar(15u32)?)?
-        .convert(DType::I32)?;
+    // The table index is bits 19..23 of `tmp`.
+    let bit =
+        |k: u32| -> Result<Value> { tmp.and(&f.scalar(1u32 << (19 + k))?)?.ne(&f.scalar(0u32)?) };
+    let index_bits = [bit(0)?, bit(1)?, bit(2)?, bit(3)?];
     let k = tmp
         .bitcast_convert(DType::I32)?
         .shift_right_arithmetic(&f.scalar(23i32)?)?
@@ -121,10 +126,8 @@ pub fn log_glibc(t: &Value) -> Result<Value> {
     // `t = 2^k z` with `z` in `[OFF, 2 OFF)`: clearing the exponent bits `tmp` carried over.
     let iz = ix.sub(&tmp.and(&f.scalar(0xff80_0000u32)?)?)?;
     let z = iz.bitcast_convert(DType::F32)?.convert(DType::F64)?;
-    let invc: Vec<f64> = LOGF_TABLE.iter().map(|e| f64::from_bits(e.0)).collect();
-    let logc: Vec<f64> = LOGF_TABLE.iter().map(|e| f64::from_bits(e.1)).collect();
-    let invc = f.constant(&[16], &invc)?.take_rows(&i)?;
-    let logc = f.constant(&[16], &logc)?.take_rows(&i)?;
+    let invc = lookup(&index_bits, |j| LOGF_TABLE[j].0)?;
+    let logc = lookup(&index_bits, |j| LOGF_TABLE[j].1)?;
     // log(t) = log1p(z/c − 1) + log(c) + k ln 2, the polynomial pipelined as glibc writes it.
     let r = z.mul(&invc)?.sub(&f.scalar(1.0f64)?)?;
     let y0 = logc.add(&k.mul(&d(LOGF_LN2)?)?)?;
@@ -133,6 +136,23 @@ pub fn log_glibc(t: &Value) -> Result<Value> {
     let y = d(LOGF_POLY[0])?.mul(&r2)?.add(&y)?;
     let y = y.mul(&r2)?.add(&y0.add(&r)?)?;
     y.convert(DType::F32)
+}
+
+/// `table(i)` (f64 bit patterns, 16 entries) for the index whose bits are `bits` (lowest
+/// first), as a tree of `select`s: elementwise, so XLA fuses it with the index's producer
+/// (a `gather` makes it materialize the indices, splitting the noise kernel in two).
+fn lookup(bits: &[Value; 4], table: impl Fn(usize) -> u64) -> Result<Value> {
+    let f = bits[0].func();
+    let mut level: Vec<Value> = (0..16)
+        .map(|j| f.scalar(f64::from_bits(table(j))))
+        .collect::<Result<_>>()?;
+    for b in bits {
+        level = level
+            .chunks_exact(2)
+            .map(|pair| b.select(&pair[1], &pair[0]))
+            .collect::<Result<_>>()?;
+    }
+    Ok(level.remove(0))
 }
 
 /// `log1p(y)` for f32 `y` as XLA:CPU lowers it, with [`log_glibc`] for its `log(1 + y)`.
@@ -188,7 +208,9 @@ pub fn erf_inv_exact(x: &Value) -> Result<Value> {
         p = coeff(i)?.add(&p.mul(&t)?)?;
     }
     let abs = x.abs()?;
-    let at_one = abs.eq(&s(1.0)?)?.select(&x.mul(&s(f32::INFINITY)?)?, &p.mul(x)?)?;
+    let at_one = abs
+        .eq(&s(1.0)?)?
+        .select(&x.mul(&s(f32::INFINITY)?)?, &p.mul(x)?)?;
     // Outside [-1, 1] (and for NaN) XLA's result is NaN from `logf` of a negative number;
     // the table lookup would give a finite value there, so the NaN is made explicit.
     abs.le(&s(1.0)?)?.select(&at_one, &s(f32::NAN)?)

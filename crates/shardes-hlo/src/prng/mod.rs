@@ -13,7 +13,7 @@
 //! live in [`host`] and are the single source for every implementation.
 //!
 //! [`erf_inv`] emits `erf_inv` with the plugin's exact bits but no scalar library call
-//! ([`erf_inv::erf_inv_exact`], what `how = A`'s `tell` draws its normals with).
+//! ([`erf_inv::erf_inv_exact`]), for kernels where a vectorized log pays off.
 //!
 //! [`sobol`] holds the Joe–Kuo Sobol direction numbers (quasi-random points for the
 //! `sobol` noise coupling, `es::coupling`).
