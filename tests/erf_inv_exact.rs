@@ -1,12 +1,14 @@
-//! `prng::erf_inv::erf_inv_exact` (bit and f64 ops, no library call) gives exactly the f32
-//! bits of `chlo.erf_inv` on the CPU plugin: both programs compiled separately and run on
-//! the same inputs, every output compared as raw bits (`0` mismatches allowed).
+//! `prng::erf_inv::erf_inv_exact` (bit, `select` and f64 ops, no library call) gives exactly
+//! the f32 bits of `chlo.erf_inv` on the CPU plugin: both programs compiled separately and
+//! run on the same inputs, every output compared as raw bits (no mismatch allowed).
 //!
-//! The default tier covers about 3.8 million inputs: a stride through all bit patterns of
+//! The default tier covers about 3.76 million inputs: a stride through all bit patterns of
 //! `(-1, 1)` of both signs, and dense runs at every edge class (±0, subnormals, the
 //! smallest normals, `log1p`'s branch point `x² = √2 − 1`, the polynomial's `w = 5`, each
 //! of glibc `logf`'s 16 table boundaries in `1 − x²`, the last 2¹⁸ floats below 1, ±1;
-//! beyond 1, ±∞ and NaN both give NaN, which is all that is compared there). The slow tier (`slow_`) sweeps every bit pattern with `|x| < 1`.
+//! beyond 1, ±∞ and NaN both give NaN, which is all that is compared there), and the
+//! normals of `emit::normal_of_bits_exact` fused with an unrolled threefry draw against
+//! `Keys::normal`. The slow tier (`slow_`) sweeps every bit pattern with `|x| < 1`.
 
 use shardes::hlo::builder::{DType, Module, TensorType};
 use shardes::hlo::prng::emit::{normal_of_bits_exact, threefry2x32_unrolled};

@@ -177,8 +177,9 @@ impl Keys {
     ///
     /// It keeps `chlo.erf_inv` (one scalar `logf` call per element) rather than
     /// [`normal_of_bits_exact`]: in `how = A`'s contraction kernel the longer loop body
-    /// stops LLVM from unrolling the two-direction dot loop, so nothing is vectorized and
-    /// `tell` gets 3× slower (`docs/performance.md`, "how = A with full-rank noise").
+    /// stops LLVM from unrolling the two-direction dot loop, so nothing is vectorized and a
+    /// `how = A` generation takes 3× as long (`docs/performance.md`, "how = A with full-rank
+    /// noise").
     pub fn normal_unrolled(&self, shape: &[i64]) -> Result<Value> {
         let f = self.k0.func();
         let size: i64 = shape.iter().product();
@@ -239,8 +240,8 @@ pub fn normal_of_bits(bits: &Value) -> Result<Value> {
 
 /// [`normal_of_bits`] with [`erf_inv_exact`] in place of `chlo.erf_inv`: the same bits on
 /// the CPU plugin (also when fused with an unrolled threefry draw, `tests/erf_inv_exact.rs`),
-/// and no scalar library call for XLA to make per element; more ops, and f64 ones, which
-/// halve the vector width of the kernel they are fused into.
+/// and no scalar library call for XLA to make per element; more ops (f64 ones among them),
+/// which can keep LLVM from vectorizing a kernel with an inner loop, such as a fused `dot`.
 pub fn normal_of_bits_exact(bits: &Value) -> Result<Value> {
     let u = uniform_of_bits(bits, NORMAL_UNIFORM_LO, 1.0)?;
     let f = u.func();

@@ -8,19 +8,20 @@
 //! `docs/performance.md`, "how = A with full-rank noise"). [`erf_inv_exact`] emits the same
 //! arithmetic as plain StableHLO ops, with glibc's `logf` algorithm (ARM's optimized
 //! routines: a 16-entry table of `1/c` and `log c` in f64 and a cubic in f64, since glibc
-//! 2.28) written out as bit and f64 ops, which XLA vectorizes and fuses into the consumer.
+//! 2.28) written out as bit, `select` and f64 ops, which XLA vectorizes (8 lanes) and fuses
+//! into the consumer; on its own it is faster than `chlo.erf_inv` on this CPU.
 //!
 //! It is not on the hot path: fused into `how = A`'s draw-and-contract kernel it made that
-//! kernel scalar (the longer body keeps LLVM from unrolling the dot's direction loop, the
-//! only way the outer loop gets vectorized), and even vectorized its f64 steps halve the
-//! kernel's lanes; `docs/performance.md`, "how = A with full-rank noise", has the numbers.
+//! kernel scalar (the longer body keeps LLVM from unrolling the dot's two-direction loop,
+//! which is what lets it vectorize the outer one); `docs/performance.md`, "how = A with
+//! full-rank noise", has the numbers.
 //!
-//! The results are the same bits as `chlo.erf_inv` for every f32 input, checked through the
-//! plugin (`tests/erf_inv_exact.rs`: a few million inputs with every edge class by default,
-//! all 2.1·10⁹ bit patterns of `(-1, 1)` in the slow tier). The log part was also
-//! checked on the host against this machine's glibc `logf` for every positive normal f32
-//! below 1, with and without fused multiply-adds in the f64 steps (the f32 result is the
-//! same either way, so XLA's contraction choices cannot change it).
+//! The results are the same bits as `chlo.erf_inv` for every f32 input in `[-1, 1]`,
+//! checked through the plugin (`tests/erf_inv_exact.rs`: a few million inputs with every
+//! edge class by default, all 2.1·10⁹ bit patterns of `(-1, 1)` in the slow tier). The log
+//! part was also checked on the host against this machine's glibc `logf` for every positive
+//! normal f32 below 1, with and without fused multiply-adds in the f64 steps (the f32 result
+//! is the same either way, so XLA's contraction choices cannot change it).
 //!
 //! The inputs where the log matters are `1 − x²` for `|x| ≥ 0.6436` (normal floats in
 //! `[2⁻²³, 0.5858]`); elsewhere its lanes are computed and discarded by the `select`s, as in
