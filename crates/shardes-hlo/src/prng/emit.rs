@@ -5,6 +5,7 @@
 //! constants and the key schedule come from [`super::host`]: there is one definition of
 //! the PRNG, evaluated in two places.
 
+use super::erf_inv::erf_inv_exact;
 use super::host::{
     Key, NORMAL_UNIFORM_LO, THREEFRY_GROUPS, THREEFRY_INJECTIONS, THREEFRY_PARITY,
     THREEFRY_ROTATIONS, UNIFORM_EXPONENT_BITS, UNIFORM_MANTISSA_SHIFT,
@@ -173,6 +174,12 @@ impl Keys {
     /// once, so XLA fuses the whole draw (rounds, `erf_inv` and the consumer) into one
     /// kernel instead of a `while` loop over full-size arrays. More ops to compile; use it
     /// at few sites.
+    ///
+    /// It keeps `chlo.erf_inv` (one scalar `logf` call per element) rather than
+    /// [`normal_of_bits_exact`]: in `how = A`'s contraction kernel the longer loop body
+    /// stops LLVM from unrolling the two-direction dot loop, so nothing is vectorized and a
+    /// `how = A` generation takes 3× as long (`docs/performance.md`, "how = A with full-rank
+    /// noise").
     pub fn normal_unrolled(&self, shape: &[i64]) -> Result<Value> {
         let f = self.k0.func();
         let size: i64 = shape.iter().product();
@@ -229,6 +236,16 @@ pub fn normal_of_bits(bits: &Value) -> Result<Value> {
     let u = uniform_of_bits(bits, NORMAL_UNIFORM_LO, 1.0)?;
     let f = u.func();
     u.erf_inv()?.mul(&f.scalar(std::f32::consts::SQRT_2)?)
+}
+
+/// [`normal_of_bits`] with [`erf_inv_exact`] in place of `chlo.erf_inv`: the same bits on
+/// the CPU plugin (also when fused with an unrolled threefry draw, `tests/erf_inv_exact.rs`),
+/// and no scalar library call for XLA to make per element; more ops (f64 ones among them),
+/// which can keep LLVM from vectorizing a kernel with an inner loop, such as a fused `dot`.
+pub fn normal_of_bits_exact(bits: &Value) -> Result<Value> {
+    let u = uniform_of_bits(bits, NORMAL_UNIFORM_LO, 1.0)?;
+    let f = u.func();
+    erf_inv_exact(&u)?.mul(&f.scalar(std::f32::consts::SQRT_2)?)
 }
 
 /// threefry2x32 (20 rounds) elementwise over u32 values with numpy broadcasting.

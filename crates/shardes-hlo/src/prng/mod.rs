@@ -12,10 +12,14 @@
 //! threefry tables ([`THREEFRY_ROTATIONS`], [`THREEFRY_PARITY`], [`THREEFRY_INJECTIONS`])
 //! live in [`host`] and are the single source for every implementation.
 //!
+//! [`erf_inv`] emits `erf_inv` with the plugin's exact bits but no scalar library call
+//! ([`erf_inv::erf_inv_exact`]), for kernels where a vectorized log pays off.
+//!
 //! [`sobol`] holds the Joe–Kuo Sobol direction numbers (quasi-random points for the
 //! `sobol` noise coupling, `es::coupling`).
 
 pub mod emit;
+pub mod erf_inv;
 pub mod host;
 pub mod sobol;
 
