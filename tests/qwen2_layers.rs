@@ -1,14 +1,17 @@
-//! Qwen2's layers emitted as one `while` over the layer index (`Layers::Loop`, the default)
-//! against the same layers emitted one after the other (`Layers::Unrolled`).
+//! Qwen2's layers emitted as one `while` over the layer index (`Layers::Loop`) against the
+//! same layers emitted one after the other (`Layers::Unrolled`, the default).
 //!
 //! Tolerances: the loop reads each layer's leaves (and their noise, drawn where the
 //! unrolled program draws it) through a `case` on the layer index and runs the same ops.
-//! Decoded tokens must be equal; fitness may differ by at most `MAX_ULP` units in the last
-//! place (XLA:CPU fuses the loop body differently from the unrolled layers), and the
-//! updated parameters must be equal bit for bit whenever the fitness ranks are; on the
-//! tiny Hugging Face fixture and a 3-layer random model, for low rank and seed regenerated,
-//! on 1 and 8 devices. The emitted op count of the model is flat in depth, and low rank
-//! never forms a member × m × k value in the looped program (emitted or optimized).
+//! Decoded tokens must be equal. Fitness and updated parameters must be equal bit for bit
+//! on the tiny Hugging Face fixture and a 3-layer random model, for low rank
+//! (`lowrank(r=1)`, mirrored on 8 devices) and seed regenerated, on 1 and 8 devices. The
+//! one exception is mirrored low rank on one device, where XLA:CPU compiles the unrolled
+//! attention differently from the loop body (docs/performance.md, "Qwen2 layers as a
+//! loop"): there a loss may differ by at most `MAX_ULP` units in the last place, and the
+//! update must be equal bit for bit whenever the fitness ranks are. The emitted op count of
+//! the model is flat in depth, and low rank never forms a member × m × k value in the
+//! looped program (emitted or optimized).
 
 use std::path::Path;
 
@@ -24,7 +27,11 @@ use shardes::{HostArray, OutputsRunner, Trainer};
 
 const N: usize = 16;
 const STRATEGIES: [&str; 2] = ["mirrored(lowrank(r=1))", "seed_regenerated"];
-/// The most units in the last place a looped loss may differ from the unrolled one by.
+/// The strategies of the generation test: the decode test's and low rank unpaired.
+const GENERATION_STRATEGIES: [&str; 3] =
+    ["mirrored(lowrank(r=1))", "lowrank(r=1)", "seed_regenerated"];
+/// The most units in the last place a looped loss may differ from the unrolled one by,
+/// where the two are not bit-identical (mirrored low rank on one device; measured: 2).
 const MAX_ULP: u32 = 4;
 
 /// The tiny checkpoint `transformers` wrote (2 layers) and a 3-layer random model.
@@ -110,7 +117,14 @@ fn max_ulp(a: &[u32], b: &[u32]) -> u32 {
         .unwrap_or(0)
 }
 
-// About two minutes on 2 cores (two models × two strategies × 1 and 8 devices, each
+/// Whether XLA:CPU compiles this case's two programs to the same arithmetic. Only mirrored
+/// low rank on one device does not: its unrolled attention differs from the loop body's in
+/// the last bits of some losses (docs/performance.md, "Qwen2 layers as a loop").
+fn bit_identical(strategy: &str, devices: usize) -> bool {
+    !(strategy == "mirrored(lowrank(r=1))" && devices == 1)
+}
+
+// About three minutes on 2 cores (two models × three strategies × 1 and 8 devices, each
 // compiled twice): the slow tier, which `.ci/run` runs after the default command.
 #[test]
 #[ignore = "slow tier"]
@@ -120,22 +134,25 @@ fn slow_looped_generation_equals_unrolled_to_the_last_bits() {
         let unrolled = Qwen2::new(cfg.clone(), 2, 7);
         assert_eq!(unrolled.layers, Layers::Unrolled, "unrolled is the default");
         let looped = Qwen2::new(cfg.clone(), 2, 7).with_layers(Layers::Loop);
-        for strategy in STRATEGIES {
+        for strategy in GENERATION_STRATEGIES {
             for devices in [1, 8] {
                 let what = format!("{name}, {strategy}, {devices} devices");
                 let (fu, pu) = generation(&client, &unrolled, &tree, strategy, devices);
                 let (fl, pl) = generation(&client, &looped, &tree, strategy, devices);
-                // XLA:CPU fuses the loop body and the unrolled layers differently: the
-                // losses (all in [1, 8) here) may differ in their last bits, no more.
                 let ulp = max_ulp(&fl, &fu);
                 println!("{what}: fitness differs by at most {ulp} ulp");
-                assert!(ulp <= MAX_ULP, "{what}: fitness {fl:?} vs {fu:?}");
                 let moved = pu
                     .iter()
                     .zip(tree.leaves())
                     .filter(|((_, u), (_, a))| *u != bits(a.data()))
                     .count();
                 assert!(moved > 0, "{what}: the update moved nothing");
+                if bit_identical(strategy, devices) {
+                    assert_eq!(fl, fu, "{what}: fitness");
+                    assert_eq!(pl, pu, "{what}: updated parameters");
+                    continue;
+                }
+                assert!(ulp <= MAX_ULP, "{what}: fitness {fl:?} vs {fu:?}");
                 // The update reads the fitness only through its ranks: with the same
                 // ranks it is the same, bit for bit.
                 if ranks(&fl) == ranks(&fu) {

@@ -290,10 +290,11 @@ pub struct Qwen2 {
 /// How a Qwen2 program emits its decoder layers (config key `problem.layers`).
 ///
 /// Both run the same ops on the same values, layer by layer, and decode the same tokens;
-/// the loop compiles one layer's ops whatever the depth. XLA:CPU fuses the unrolled layers
-/// differently from the loop body, so a loss can differ in its last bits (measured: at
-/// most a few ulp, `tests/qwen2_layers.rs`); the unrolled program stays the default so
-/// that existing runs reproduce bit for bit.
+/// the loop compiles one layer's ops whatever the depth. Fitness and updates are the same
+/// bits, except under mirrored low rank on one device, where XLA:CPU compiles the unrolled
+/// attention differently from the loop body and a loss can differ in its last bits
+/// (measured: at most 2 ulp, `tests/qwen2_layers.rs`); the unrolled program stays the
+/// default so that existing runs reproduce bit for bit.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Layers {
     /// One `while` over the layer index; each iteration selects its layer's leaves (the
