@@ -11,6 +11,7 @@
 //! the generation's remaining steps are skipped. The fitness is the negated return, per
 //! episode for `group_relative` or its mean over the episodes, as in the in-program problem.
 
+mod processes;
 mod rollouts;
 mod trainer;
 
@@ -22,6 +23,7 @@ use shardes_hlo::prng::Key;
 use shardes_hlo::problems::control::{policy, Fitness};
 use shardes_hlo::problems::ProblemError;
 
+pub use processes::HostProcessTrainer;
 pub use rollouts::{HostMlp, RolloutStats, Rollouts};
 pub use trainer::{GenerationStats, HostTrainer};
 
