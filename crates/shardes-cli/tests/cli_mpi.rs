@@ -687,8 +687,8 @@ checkpoint_every = 2
     )
 }
 
-/// Every metrics line without its timings (fitness, reward, accuracy, format).
-fn reward_metrics(out: &Path) -> Vec<serde_json::Value> {
+/// Every metrics line without its timings: `ms` and the `extra` scalars `timed`.
+fn untimed_metrics(out: &Path, timed: &[&str]) -> Vec<serde_json::Value> {
     std::fs::read_to_string(out.join("metrics.jsonl"))
         .unwrap()
         .lines()
@@ -697,11 +697,17 @@ fn reward_metrics(out: &Path) -> Vec<serde_json::Value> {
             let o = v.as_object_mut().unwrap();
             o.remove("ms");
             let x = o["extra"].as_object_mut().unwrap();
-            x.remove("tok/s");
-            x.remove("host_share");
+            for key in timed {
+                x.remove(*key);
+            }
             v
         })
         .collect()
+}
+
+/// A reward run's metrics lines without their timings (fitness, reward, accuracy, format).
+fn reward_metrics(out: &Path) -> Vec<serde_json::Value> {
+    untimed_metrics(out, &["tok/s", "host_share"])
 }
 
 #[test]
@@ -801,22 +807,10 @@ checkpoint_every = 0
     )
 }
 
-/// Every metrics line without its timings (`ms`, and the host split `env_steps_per_s`,
-/// `sim_share`, which are process 0's own under mpirun).
-fn untimed_metrics(out: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(out.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
-            let o = v.as_object_mut().unwrap();
-            o.remove("ms");
-            let x = o["extra"].as_object_mut().unwrap();
-            x.remove("env_steps_per_s");
-            x.remove("sim_share");
-            v
-        })
-        .collect()
+/// A MuJoCo run's metrics lines without their timings (the host split `env_steps_per_s`
+/// and `sim_share` are process 0's own under mpirun).
+fn mujoco_metrics(out: &Path) -> Vec<serde_json::Value> {
+    untimed_metrics(out, &["env_steps_per_s", "sim_share"])
 }
 
 #[test]
@@ -835,7 +829,7 @@ fn a_mujoco_run_on_two_processes_matches_one() {
             &write(dir.path(), "one.toml", &mujoco_config(&one, 8, &es)),
             &[],
         );
-        let want = untimed_metrics(&one);
+        let want = mujoco_metrics(&one);
         assert_eq!(want.len(), 3, "{shaping}");
         assert!(
             want.iter()
@@ -855,7 +849,7 @@ fn a_mujoco_run_on_two_processes_matches_one() {
                 "{case}: {stdout}"
             );
             assert!(stdout.contains("(MuJoCo, 2 episodes"), "{case}: {stdout}");
-            assert_eq!(untimed_metrics(&out), want, "{case}");
+            assert_eq!(mujoco_metrics(&out), want, "{case}");
             assert_eq!(trajectory(&out).1, trajectory(&one).1, "{case}");
         }
     }

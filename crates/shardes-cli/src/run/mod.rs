@@ -233,11 +233,11 @@ fn checkpoint(
 
 /// Runs `shardes run`.
 ///
-/// Under `mpirun`, after a stop signal, every process exits here at once (with the
-/// signal's exit code) after every process got here: the lead once its checkpoint is
-/// written and its lines are out. A process that exits first makes `mpirun` kill the others
-/// within milliseconds, so none of them exits before the checkpoint is on disk, and none
-/// lingers (in destructors, in MPI) long enough to be killed instead of exiting.
+/// Under `mpirun`, after a stop signal, every process exits here (with the signal's exit
+/// code) once every process got here, the lead with its checkpoint written and its lines
+/// out ([`Group::exit_together`]). A process that exits makes `mpirun` kill the others
+/// within milliseconds, so none may exit before the checkpoint is on disk; released from
+/// one barrier, with nothing left to drop, they exit within microseconds of each other.
 pub fn run(args: &RunArgs) -> Result<Outcome> {
     let mut group = Group::from_env()?;
     let outcome = run_in(&mut group, args);
