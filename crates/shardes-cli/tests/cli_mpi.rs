@@ -342,20 +342,27 @@ fn a_population_that_does_not_split_is_refused_by_every_process() {
     assert!(!out.exists(), "nothing written");
 }
 
-/// A long run of 2 × 4 processes writing a checkpoint every 2 generations, started.
-fn long_run(dir: &Path, out: &Path) -> Child {
-    let cfg = write(
+/// The config of a long run of 4 devices per process writing a checkpoint every 2
+/// generations.
+fn long_config(dir: &Path, out: &Path) -> std::path::PathBuf {
+    write(
         dir,
         "long.toml",
         &config(out, 4, "mirrored(lowrank(r=1))", "B", 1_000_000, 2),
-    );
-    mpirun(2)
-        .arg("run")
-        .arg(cfg)
-        .stdout(Stdio::piped())
+    )
+}
+
+/// `c` started with its output piped.
+fn spawn_piped(c: &mut Command) -> Child {
+    c.stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawning mpirun")
+}
+
+/// A long run of 2 × 4 processes writing a checkpoint every 2 generations, started.
+fn long_run(dir: &Path, out: &Path) -> Child {
+    spawn_piped(mpirun(2).arg("run").arg(long_config(dir, out)))
 }
 
 /// The pids of `mpirun`'s children that are MPI rank `rank` (from their environment).
@@ -454,31 +461,24 @@ fn a_killed_process_stops_the_others_and_the_last_checkpoint_is_intact() {
 /// signals, which reach it with its process (the group mpirun signals), and it is
 /// `mpirun`'s child, so `rank_pid` finds it.
 fn long_run_recorded(dir: &Path, out: &Path, codes: &Path, launcher: &[&str]) -> Child {
-    let cfg = write(
-        dir,
-        "long.toml",
-        &config(out, 4, "mirrored(lowrank(r=1))", "B", 1_000_000, 2),
-    );
     let record = format!(
         "trap : INT TERM HUP; \"$0\" \"$@\"; c=$?; echo \"rank $OMPI_COMM_WORLD_RANK exit $c\" >> '{}'",
         codes.display()
     );
-    mpirun_base()
-        .args(launcher)
-        .args([
-            "-np",
-            "2",
-            "sh",
-            "-c",
-            &record,
-            env!("CARGO_BIN_EXE_shardes"),
-        ])
-        .arg("run")
-        .arg(cfg)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawning mpirun")
+    spawn_piped(
+        mpirun_base()
+            .args(launcher)
+            .args([
+                "-np",
+                "2",
+                "sh",
+                "-c",
+                &record,
+                env!("CARGO_BIN_EXE_shardes"),
+            ])
+            .arg("run")
+            .arg(long_config(dir, out)),
+    )
 }
 
 /// Reads `child`'s stdout and stderr on threads of their own; returns a channel of the
