@@ -20,7 +20,7 @@ use shardes_runtime::{gather_rows, Buffer, Client, CompileOptions, Element, Exec
 
 use crate::distributed::update::{exclusive, HostsTell, Process};
 use crate::distributed::Distributed;
-use crate::split::HostFitness;
+use crate::split::{run_tell, HostFitness};
 use crate::state::{check_devices, replicate, DeviceState};
 use crate::Error;
 
@@ -420,14 +420,7 @@ impl OutputsRunner {
             ));
         };
         check_fitness(&values, layout.n, layout.tasks)?;
-        let devices = self.state.devices();
-        let fit_dev = replicate(&self.client, &values, &layout.fitness_dims(), devices)?;
-        let args: Vec<Vec<&Buffer>> = (0..devices)
-            .map(|d| self.state.args_for(layout, d, Some(&fit_dev[d])))
-            .collect::<Result<_, _>>()?;
-        let outs = exe.execute(&args)?;
-        self.state.absorb_for(layout, outs, 1)?;
-        Ok(())
+        run_tell(&self.client, exe, layout, &mut self.state, &values)
     }
 
     /// [`OutputsRunner::tell`] as one process of `dist` with every member's fitness (the

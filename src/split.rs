@@ -65,6 +65,27 @@ impl HostFitness {
     }
 }
 
+/// Runs `exe`, a tell program of `layout`, on `state` with every member's fitness `values`
+/// (replicated on each of the state's devices), and takes its results as the new state:
+/// the update applied, the generation advanced. The one tell of every runner that tells
+/// with a host fitness on its own devices.
+pub(crate) fn run_tell(
+    client: &Client,
+    exe: &Executable,
+    layout: &Layout,
+    state: &mut DeviceState,
+    values: &[f32],
+) -> Result<(), Error> {
+    let devices = state.devices();
+    let fit_dev = replicate(client, values, &layout.fitness_dims(), devices)?;
+    let args: Vec<Vec<&Buffer>> = (0..devices)
+        .map(|d| state.args_for(layout, d, Some(&fit_dev[d])))
+        .collect::<Result<_, _>>()?;
+    let outs = exe.execute(&args)?;
+    state.absorb_for(layout, outs, 1)?;
+    Ok(())
+}
+
 /// A split-mode run: `ask + apply` and `tell` compiled once each, state on the devices.
 pub struct SplitTrainer {
     client: Client,
@@ -151,14 +172,7 @@ impl SplitTrainer {
                 layout.tasks
             )));
         }
-        let devices = self.state.devices();
-        let fit_dev = replicate(&self.client, &values, &layout.fitness_dims(), devices)?;
-        let args: Vec<Vec<&Buffer>> = (0..devices)
-            .map(|d| self.state.args_for(layout, d, Some(&fit_dev[d])))
-            .collect::<Result<_, _>>()?;
-        let outs = self.tell.execute(&args)?;
-        self.state.absorb_for(&self.tell_layout, outs, 1)?;
-        Ok(())
+        run_tell(&self.client, &self.tell, layout, &mut self.state, &values)
     }
 
     /// The generation the next `evaluate`/`tell` pair runs.

@@ -10,6 +10,7 @@ use shardes_hlo::es::{How, Layout, LeafInfo, Model, Part, Program, ShardedES};
 use shardes_runtime::{Buffer, Client, Executable};
 
 use super::Distributed;
+use crate::split::run_tell;
 use crate::state::{replicate, DeviceState};
 use crate::Error;
 
@@ -124,12 +125,7 @@ impl HostsTell {
         match self {
             HostsTell::Whole { exe, layout } => {
                 let _devices = exclusive(p.devices_lock);
-                let fit = replicate(p.client, values, &layout.fitness_dims(), devices)?;
-                let args: Vec<Vec<&Buffer>> = (0..devices)
-                    .map(|d| state.args_for(layout, d, Some(&fit[d])))
-                    .collect::<Result<_, _>>()?;
-                let outs = exe.execute(&args)?;
-                state.absorb_for(layout, outs, 1)?;
+                run_tell(p.client, exe, layout, state, values)?;
                 // The phases end when the parameters are ready, not when the dispatch
                 // returns (and the devices are free when the lock is released).
                 state.sync()?;

@@ -10,7 +10,12 @@
 //! ([`crate::mjcf`]); an episode that ended is no longer stepped, and once all have ended
 //! the generation's remaining steps are skipped. The fitness is the negated return, per
 //! episode for `group_relative` or its mean over the episodes, as in the in-program problem.
+//!
+//! Across processes (`mpirun`), [`HostProcessTrainer`] runs one process's part: the
+//! episodes of its own members, their policies on its own devices, the fitness gathered
+//! and the update placed by `how_hosts`, with the bits of one process.
 
+mod processes;
 mod rollouts;
 mod trainer;
 
@@ -22,6 +27,7 @@ use shardes_hlo::prng::Key;
 use shardes_hlo::problems::control::{policy, Fitness};
 use shardes_hlo::problems::ProblemError;
 
+pub use processes::HostProcessTrainer;
 pub use rollouts::{HostMlp, RolloutStats, Rollouts};
 pub use trainer::{GenerationStats, HostTrainer};
 

@@ -17,6 +17,7 @@ use shardes_hlo::problems::control::host::PolicyStep;
 use shardes_runtime::{gather_rows, Buffer, Client, CompileOptions, Executable};
 
 use super::{HostControl, RolloutStats, Rollouts};
+use crate::split::run_tell;
 use crate::state::{check_devices, replicate, DeviceState};
 use crate::{BuildTimes, Error};
 
@@ -147,15 +148,13 @@ impl HostTrainer {
     }
 
     fn tell(&mut self, fitness: &[f32]) -> Result<(), Error> {
-        let layout = &self.tell_layout;
-        let devices = self.state.devices();
-        let fit_dev = replicate(&self.client, fitness, &layout.fitness_dims(), devices)?;
-        let args: Vec<Vec<&Buffer>> = (0..devices)
-            .map(|d| self.state.args_for(layout, d, Some(&fit_dev[d])))
-            .collect::<Result<_, _>>()?;
-        let outs = self.tell_exe.execute(&args)?;
-        self.state.absorb_for(&self.tell_layout, outs, 1)?;
-        Ok(())
+        run_tell(
+            &self.client,
+            &self.tell_exe,
+            &self.tell_layout,
+            &mut self.state,
+            fitness,
+        )
     }
 
     /// The generation the next [`HostTrainer::step`] runs.

@@ -12,7 +12,8 @@
 //! in one member's last bit between the two on one process already); a checkpoint resumes under another process count on the same trajectory; processes
 //! given different configs are refused, as is `n` not divisible by processes × devices
 //! (by every process, exit 2); a killed process stops the others with a non-zero exit and
-//! the last checkpoint intact; SIGINT to `mpirun` checkpoints once. No timings are asserted.
+//! the last checkpoint intact; SIGINT to `mpirun` checkpoints once, with Open MPI's default
+//! SIGKILL timeout and a longer one. No timings are asserted.
 
 #![cfg(feature = "mpi")]
 
@@ -27,6 +28,13 @@ use common::*;
 /// `mpirun -np NP shardes` on loopback: TCP between the processes (as between hosts),
 /// processes not bound to cores (2 cores here, up to 4 processes), root allowed (CI).
 fn mpirun(np: usize) -> Command {
+    let mut c = mpirun_base();
+    c.args(["-np", &np.to_string(), env!("CARGO_BIN_EXE_shardes")]);
+    c
+}
+
+/// [`mpirun`]'s launcher options, without the processes.
+fn mpirun_base() -> Command {
     let mut c = Command::new("mpirun");
     c.args(["--oversubscribe", "--bind-to", "none"])
         .args([
@@ -37,7 +45,6 @@ fn mpirun(np: usize) -> Command {
             "btl_tcp_if_include",
             "lo",
         ])
-        .args(["-np", &np.to_string(), env!("CARGO_BIN_EXE_shardes")])
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
     c
@@ -335,20 +342,27 @@ fn a_population_that_does_not_split_is_refused_by_every_process() {
     assert!(!out.exists(), "nothing written");
 }
 
-/// A long run of 2 × 4 processes writing a checkpoint every 2 generations, started.
-fn long_run(dir: &Path, out: &Path) -> Child {
-    let cfg = write(
+/// The config of a long run of 4 devices per process writing a checkpoint every 2
+/// generations.
+fn long_config(dir: &Path, out: &Path) -> std::path::PathBuf {
+    write(
         dir,
         "long.toml",
         &config(out, 4, "mirrored(lowrank(r=1))", "B", 1_000_000, 2),
-    );
-    mpirun(2)
-        .arg("run")
-        .arg(cfg)
-        .stdout(Stdio::piped())
+    )
+}
+
+/// `c` started with its output piped.
+fn spawn_piped(c: &mut Command) -> Child {
+    c.stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawning mpirun")
+}
+
+/// A long run of 2 × 4 processes writing a checkpoint every 2 generations, started.
+fn long_run(dir: &Path, out: &Path) -> Child {
+    spawn_piped(mpirun(2).arg("run").arg(long_config(dir, out)))
 }
 
 /// The pids of `mpirun`'s children that are MPI rank `rank` (from their environment).
@@ -441,47 +455,161 @@ fn a_killed_process_stops_the_others_and_the_last_checkpoint_is_intact() {
     assert_eq!(state(&out)["generation"].as_u64(), Some(g as u64 + 1));
 }
 
-// Flaky in CI (2 of 4 runs of the tier on 2026-12-01): Open MPI sends SIGKILL about 2 s after
-// the SIGTERM it turns SIGINT into, and the checkpoint sometimes has not been written by
-// then; with a longer `odls_base_sigkill_timeout` mpirun did not exit within 120 s. Run it
-// by hand (`-- --ignored sigint`) until the stop path under mpirun is made deterministic.
-#[test]
-#[ignore = "flaky: Open MPI's SIGKILL can precede the checkpoint (see the comment)"]
-fn sigint_to_mpirun_checkpoints_once() {
+/// `mpirun -np 2` of [`long_run`]'s config with the launcher options `launcher` (MCA
+/// settings), each process started by a shell that records its exit code in `codes`
+/// (`rank R exit C`, one line per process). The shell only waits: it ignores the stop
+/// signals, which reach it with its process (the group mpirun signals), and it is
+/// `mpirun`'s child, so `rank_pid` finds it.
+fn long_run_recorded(dir: &Path, out: &Path, codes: &Path, launcher: &[&str]) -> Child {
+    let record = format!(
+        "trap : INT TERM HUP; \"$0\" \"$@\"; c=$?; echo \"rank $OMPI_COMM_WORLD_RANK exit $c\" >> '{}'",
+        codes.display()
+    );
+    spawn_piped(
+        mpirun_base()
+            .args(launcher)
+            .args([
+                "-np",
+                "2",
+                "sh",
+                "-c",
+                &record,
+                env!("CARGO_BIN_EXE_shardes"),
+            ])
+            .arg("run")
+            .arg(long_config(dir, out)),
+    )
+}
+
+/// Reads `child`'s stdout and stderr on threads of their own; returns a channel of the
+/// stdout lines as they come and the threads, which return everything read.
+fn read_output(
+    child: &mut Child,
+) -> (
+    std::sync::mpsc::Receiver<String>,
+    [std::thread::JoinHandle<String>; 2],
+) {
+    use std::io::{BufRead, Read};
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stdout = child.stdout.take().expect("piped stdout");
+    let mut stderr = child.stderr.take().expect("piped stderr");
+    let out = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            all.push_str(&line);
+            all.push('\n');
+            let _ = tx.send(line);
+        }
+        all
+    });
+    let err = std::thread::spawn(move || {
+        let mut all = String::new();
+        let _ = stderr.read_to_string(&mut all);
+        all
+    });
+    (rx, [out, err])
+}
+
+/// Ctrl-C on `mpirun` (SIGINT to it) once the run prints its first generation, with the
+/// launcher options `launcher`. Open MPI 4.1 answers with SIGCONT to the processes, then
+/// after `odls_base_sigkill_timeout` seconds SIGTERM, then after as long again SIGKILL
+/// (cut short when a process exits), and reads none of their output meanwhile. Checks
+/// that the processes stop once (one SIGTERM each, no second signal), after the same
+/// generation, the lead writing the checkpoint of that generation, that every recorded
+/// exit code is 143 (and, with `all_codes`, that both processes recorded one: with the
+/// default timeout of 1 s the first process's exit makes mpirun kill the other at once,
+/// which may beat its shell to recording it), that mpirun exits and the checkpoint
+/// resumes.
+fn sigint_to_mpirun(launcher: &[&str], all_codes: bool) {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    let mut child = long_run(dir.path(), &out);
-    wait_for_metrics(&out, 5, &mut child);
+    let codes = dir.path().join("codes");
+    let mut child = long_run_recorded(dir.path(), &out, &codes, launcher);
+    let (lines, [stdout, stderr]) = read_output(&mut child);
+    let t0 = Instant::now();
+    loop {
+        match lines.recv_timeout(Duration::from_secs(1)) {
+            Ok(l) if l.starts_with("gen ") => break,
+            Ok(_) | Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                let _ = child.kill();
+                panic!(
+                    "mpirun ended before its first generation: {}",
+                    stderr.join().unwrap_or_default()
+                );
+            }
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(300),
+            "no generation in 300 s"
+        );
+    }
     let ranks = [0, 1].map(|r| rank_pid(child.id(), r).expect("the processes' pids"));
     let pid = i32::try_from(child.id()).expect("pid");
     // SAFETY: a plain kill(2) of the mpirun this test started.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
-    let status = wait_at_most(&mut child, Duration::from_secs(120));
-    let o = child.wait_with_output().expect("output");
-    let (stdout, stderr) = text(&o);
+    let status = wait_at_most(&mut child, Duration::from_secs(240));
+    drop(lines);
+    let (stdout, stderr) = (stdout.join().unwrap(), stderr.join().unwrap());
+    let all = format!("stdout:\n{stdout}\nstderr:\n{stderr}");
     assert!(!status.success(), "mpirun exited {status}");
     ranks.into_iter().for_each(gone);
-    // mpirun turns SIGINT into SIGTERM for its processes: one stop, one checkpoint.
+    // One SIGTERM per process, and no second signal: one stop.
     assert_eq!(
-        stdout
+        stderr
+            .matches("SIGTERM: finishing this generation and writing a checkpoint")
+            .count(),
+        2,
+        "{all}"
+    );
+    assert!(!stderr.contains("quitting now"), "{all}");
+    // The lead's report goes to stderr under mpirun (stdout is not read while it stops
+    // the job), once.
+    assert_eq!(
+        stderr
             .matches("interrupted: checkpoint at generation")
             .count(),
         1,
-        "{stdout}\n{stderr}"
+        "{all}"
     );
     let g = state(&out)["generation"].as_u64().expect("generation");
     assert!(
-        stdout.contains(&format!("interrupted: checkpoint at generation {g} in")),
-        "{stdout}"
+        stderr.contains(&format!("interrupted: checkpoint at generation {g} in")),
+        "{all}"
     );
+    assert!(g >= 1, "{all}");
     assert_eq!(
         metrics(&out).len() as u64,
         g,
-        "one metrics line per generation run"
+        "one metrics line per generation run, the checkpoint at the last: {all}"
     );
+    let recorded = std::fs::read_to_string(&codes).unwrap_or_default();
+    let mut seen: Vec<&str> = recorded.lines().collect();
+    seen.sort_unstable();
+    for line in &seen {
+        assert!(line.ends_with(" exit 143"), "{recorded}\n{all}");
+    }
+    if all_codes {
+        assert_eq!(seen, ["rank 0 exit 143", "rank 1 exit 143"], "{all}");
+    }
     let cfg = one_process_resume(dir.path(), &out, g as usize + 1);
     let o = run(1, &cfg, &["--resume"]);
     assert!(text(&o).0.contains(&format!("resuming at generation {g}")));
+    assert_eq!(state(&out)["generation"].as_u64(), Some(g + 1));
+}
+
+#[test]
+fn sigint_to_mpirun_checkpoints_once() {
+    sigint_to_mpirun(&[], false);
+}
+
+#[test]
+fn sigint_to_mpirun_with_a_longer_sigkill_timeout_checkpoints_once_and_every_process_exits_143() {
+    // 3 s: the processes get SIGTERM 3 s after the Ctrl-C and mpirun waits up to 3 s more,
+    // each process's exit shortening that by less than a second, so that both exit
+    // before the SIGKILL.
+    sigint_to_mpirun(&["--mca", "odls_base_sigkill_timeout", "3"], true);
 }
 
 #[test]
@@ -559,8 +687,8 @@ checkpoint_every = 2
     )
 }
 
-/// Every metrics line without its timings (fitness, reward, accuracy, format).
-fn reward_metrics(out: &Path) -> Vec<serde_json::Value> {
+/// Every metrics line without its timings: `ms` and the `extra` scalars `timed`.
+fn untimed_metrics(out: &Path, timed: &[&str]) -> Vec<serde_json::Value> {
     std::fs::read_to_string(out.join("metrics.jsonl"))
         .unwrap()
         .lines()
@@ -569,11 +697,17 @@ fn reward_metrics(out: &Path) -> Vec<serde_json::Value> {
             let o = v.as_object_mut().unwrap();
             o.remove("ms");
             let x = o["extra"].as_object_mut().unwrap();
-            x.remove("tok/s");
-            x.remove("host_share");
+            for key in timed {
+                x.remove(*key);
+            }
             v
         })
         .collect()
+}
+
+/// A reward run's metrics lines without their timings (fitness, reward, accuracy, format).
+fn reward_metrics(out: &Path) -> Vec<serde_json::Value> {
+    untimed_metrics(out, &["tok/s", "host_share"])
 }
 
 #[test]
@@ -641,4 +775,82 @@ fn a_reward_run_on_two_processes_matches_one() {
         trajectory(&one).1,
         "adam stepped as sgd"
     );
+}
+
+/// A MuJoCo cart-pole run (the shipped model) on `devices` devices per process: 2
+/// episodes of at most 60 steps per member, policy 4→8→1, `how = "B"` inside the
+/// processes, `es` lines added under [es].
+fn mujoco_config(out: &Path, devices: usize, es: &str) -> String {
+    format!(
+        r#"devices = {devices}
+[problem]
+name = "control"
+mjcf = "{}"
+episodes = 2
+episode_length = 60
+hidden = [8]
+[es]
+strategy = "mirrored(lowrank(r=1))"
+n = 32
+sigma = 0.1
+lr = 0.3
+how = "B"
+{es}
+[run]
+seed = 0
+generations = 3
+out = "{}"
+checkpoint_every = 0
+"#,
+        repo().join("examples/mujoco/cartpole.xml").display(),
+        out.display()
+    )
+}
+
+/// A MuJoCo run's metrics lines without their timings (the host split `env_steps_per_s`
+/// and `sim_share` are process 0's own under mpirun).
+fn mujoco_metrics(out: &Path) -> Vec<serde_json::Value> {
+    untimed_metrics(out, &["env_steps_per_s", "sim_share"])
+}
+
+#[test]
+fn a_mujoco_run_on_two_processes_matches_one() {
+    // Each process simulates the episodes of its own 16 members and evaluates their
+    // policies on its 4 devices (global member ids: the same noise), the fitness is
+    // gathered in member order and every process tells with all of it: the metrics (mean
+    // return included) and the parameters equal 1 × 8's bit for bit, with how_hosts A and
+    // B, for the mean fitness and for group_relative's fitness per episode.
+    let dir = tempfile::tempdir().unwrap();
+    for shaping in ["centered_ranks", "group_relative"] {
+        let es = format!("shaping = \"{shaping}\"");
+        let one = dir.path().join(format!("one-{shaping}"));
+        run(
+            1,
+            &write(dir.path(), "one.toml", &mujoco_config(&one, 8, &es)),
+            &[],
+        );
+        let want = mujoco_metrics(&one);
+        assert_eq!(want.len(), 3, "{shaping}");
+        assert!(
+            want.iter()
+                .any(|m| m["fitness_min"].as_f64() < m["fitness_max"].as_f64()),
+            "{shaping}: the members' returns never differ: {want:?}"
+        );
+        for hosts in ["A", "B"] {
+            let case = format!("{shaping}, how_hosts {hosts}");
+            let out = dir.path().join(format!("two-{shaping}-{hosts}"));
+            let es = format!("{es}\nhow_hosts = \"{hosts}\"");
+            let cfg = write(dir.path(), "two.toml", &mujoco_config(&out, 4, &es));
+            let o = run(2, &cfg, &[]);
+            let (stdout, _) = text(&o);
+            assert_eq!(stdout.matches("shardes run").count(), 1, "{case}: {stdout}");
+            assert!(
+                stdout.contains("processes 2 × 4 devices"),
+                "{case}: {stdout}"
+            );
+            assert!(stdout.contains("(MuJoCo, 2 episodes"), "{case}: {stdout}");
+            assert_eq!(mujoco_metrics(&out), want, "{case}");
+            assert_eq!(trajectory(&out).1, trajectory(&one).1, "{case}");
+        }
+    }
 }

@@ -1,14 +1,14 @@
 //! What `shardes run` steps: the fused generation program, a reward run (decode, score on
 //! the host, `tell`) with held-out evaluations, or host simulations (MuJoCo) with the
 //! policy on the devices; under `mpirun`, one process's part of a population across
-//! processes.
+//! processes (of a fused generation, or of host simulations).
 
 use std::collections::BTreeMap;
 
 use anyhow::Result;
 use shardes::distributed::{Distributed, ProcessTrainer};
 use shardes::hlo::params::{Array, ParamTree};
-use shardes::host_control::HostTrainer;
+use shardes::host_control::{GenerationStats, HostProcessTrainer, HostTrainer};
 use shardes::{BuildTimes, Trainer};
 
 use super::reward::RewardRun;
@@ -27,6 +27,22 @@ pub(crate) enum Engine {
     /// One process of several (`mpirun`): its members' evaluation, the fitness gathered,
     /// the update placed by `es.how_hosts`.
     Processes(Box<ProcessTrainer>),
+    /// One process of several running host simulations (MuJoCo): its members' episodes,
+    /// the fitness gathered, the update placed by `es.how_hosts`.
+    HostProcesses(Box<HostProcessTrainer>),
+}
+
+/// The environment steps per second and the simulations' share of the time of a host
+/// generation (under `mpirun`, of this process's members).
+fn host_extra(stats: Option<&GenerationStats>) -> BTreeMap<String, f64> {
+    let mut extra = BTreeMap::new();
+    if let Some(s) = stats {
+        let r = &s.rollouts;
+        let total = (r.sim_secs + r.policy_secs).max(1e-12);
+        extra.insert("env_steps_per_s".to_string(), r.env_steps as f64 / total);
+        extra.insert("sim_share".to_string(), r.sim_secs / total);
+    }
+    extra
 }
 
 impl Engine {
@@ -45,15 +61,17 @@ impl Engine {
             Engine::Reward(r) => r.step(dist),
             Engine::Host(t) => {
                 let fitness = t.step()?;
-                let mut extra = BTreeMap::new();
-                // The environment steps per second and the simulations' share of the time.
-                if let Some(s) = t.last_stats() {
-                    let r = &s.rollouts;
-                    let total = (r.sim_secs + r.policy_secs).max(1e-12);
-                    extra.insert("env_steps_per_s".to_string(), r.env_steps as f64 / total);
-                    extra.insert("sim_share".to_string(), r.sim_secs / total);
-                }
-                Ok(StepOut { fitness, extra })
+                Ok(StepOut {
+                    fitness,
+                    extra: host_extra(t.last_stats()),
+                })
+            }
+            Engine::HostProcesses(t) => {
+                let fitness = t.step(dist)?;
+                Ok(StepOut {
+                    fitness,
+                    extra: host_extra(t.last_stats()),
+                })
             }
         }
     }
@@ -64,6 +82,7 @@ impl Engine {
             Engine::Fused(t) => t.params()?,
             Engine::Reward(r) => r.params()?,
             Engine::Host(t) => t.params()?,
+            Engine::HostProcesses(t) => t.params()?,
             Engine::Processes(t) => t.params()?,
         })
     }
@@ -75,7 +94,7 @@ impl Engine {
             Engine::Fused(t) => t.optimizer_state()?,
             Engine::Processes(t) => t.optimizer_state()?,
             Engine::Reward(r) => r.optimizer_state()?,
-            Engine::Host(_) => Vec::new(),
+            Engine::Host(_) | Engine::HostProcesses(_) => Vec::new(),
         })
     }
 
@@ -86,8 +105,8 @@ impl Engine {
             Engine::Fused(t) => t.set_optimizer_state(tensors)?,
             Engine::Processes(t) => t.set_optimizer_state(tensors)?,
             Engine::Reward(r) => r.set_optimizer_state(tensors)?,
-            Engine::Host(_) if tensors.is_empty() => {}
-            Engine::Host(_) => anyhow::bail!(
+            Engine::Host(_) | Engine::HostProcesses(_) if tensors.is_empty() => {}
+            Engine::Host(_) | Engine::HostProcesses(_) => anyhow::bail!(
                 "a host-simulation run keeps no optimizer state; resume with the config that \
                  started the run"
             ),
@@ -125,6 +144,7 @@ impl Engine {
             Engine::Fused(t) => t.generation(),
             Engine::Reward(r) => r.generation(),
             Engine::Host(t) => t.generation(),
+            Engine::HostProcesses(t) => t.generation(),
             Engine::Processes(t) => t.generation(),
         }
     }
@@ -135,6 +155,7 @@ impl Engine {
             Engine::Fused(t) => t.build_times(),
             Engine::Reward(r) => r.build_times(),
             Engine::Host(t) => t.build_times(),
+            Engine::HostProcesses(t) => t.build_times(),
             Engine::Processes(t) => t.build_times(),
         }
     }
@@ -144,7 +165,10 @@ impl Engine {
     /// to print.
     pub fn evaluate_if_due(&mut self, done: u32, last: bool) -> Result<Option<String>> {
         match self {
-            Engine::Fused(_) | Engine::Host(_) | Engine::Processes(_) => Ok(None),
+            Engine::Fused(_)
+            | Engine::Host(_)
+            | Engine::HostProcesses(_)
+            | Engine::Processes(_) => Ok(None),
             Engine::Reward(r) => r.evaluate_if_due(done, last),
         }
     }

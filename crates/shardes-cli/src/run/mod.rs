@@ -30,6 +30,7 @@
 mod curves;
 pub(crate) mod engine;
 mod finite;
+mod lines;
 pub(crate) mod processes;
 pub(crate) mod reward;
 mod signals;
@@ -52,6 +53,8 @@ use engine::Engine;
 
 use crate::config::{Config, ConfigError, ProblemConfig};
 use crate::out::{errln, is_closed, outln, Stdout};
+
+use lines::Lines;
 
 use curves::Curves;
 use processes::Group;
@@ -98,7 +101,7 @@ impl Outcome {
 
 /// Progress: a bar on a terminal, one line per generation otherwise.
 struct Progress {
-    out: Stdout,
+    out: Lines,
     bar: Option<ProgressBar>,
     /// Whether the user was told that stdout failed.
     told: bool,
@@ -107,7 +110,7 @@ struct Progress {
 impl Progress {
     /// `bar`: whether a terminal may get a bar (not under `mpirun`, whose forwarded
     /// terminal output from several processes is better read as lines).
-    fn new(out: Stdout, total: u32, start: u32, bar: bool) -> Result<Progress> {
+    fn new(out: Lines, total: u32, start: u32, bar: bool) -> Result<Progress> {
         let bar = if bar && std::io::stdout().is_terminal() && out.ok() {
             // indicatif ignores its own write errors, so a terminal that goes away cannot
             // panic it.
@@ -187,7 +190,7 @@ impl Progress {
         if let Some(pb) = &self.bar {
             pb.set_draw_target(ProgressDrawTarget::hidden());
         }
-        let what = if is_closed(e) {
+        let what = if is_closed(&e) {
             "stdout was closed".to_string()
         } else {
             format!("cannot write to stdout ({e})")
@@ -229,9 +232,25 @@ fn checkpoint(
 }
 
 /// Runs `shardes run`.
+///
+/// Under `mpirun`, after a stop signal, every process exits here (with the signal's exit
+/// code) once every process got here, the lead with its checkpoint written and its lines
+/// out ([`Group::exit_together`]). A process that exits makes `mpirun` kill the others
+/// within milliseconds, so none may exit before the checkpoint is on disk; released from
+/// one barrier, with nothing left to drop, they exit within microseconds of each other.
 pub fn run(args: &RunArgs) -> Result<Outcome> {
-    let t_command = Instant::now();
     let mut group = Group::from_env()?;
+    let outcome = run_in(&mut group, args);
+    if let Ok(Outcome::Interrupted(sig)) = &outcome {
+        // Everything of the run is dropped by now (the out directory's lock released).
+        group.exit_together(*sig);
+    }
+    outcome
+}
+
+/// [`run`] in `group`.
+fn run_in(group: &mut Group, args: &RunArgs) -> Result<Outcome> {
+    let t_command = Instant::now();
     let mut config = Config::load(&args.config)?;
     if let Some(p) = &args.plugin {
         config.plugin = Some(p.clone());
@@ -251,12 +270,10 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
     let resolved = toml::to_string_pretty(&config).context("serializing the resolved config")?;
     let stop = signals::install()?;
     if !group.is_lead() {
-        return Ok(
-            match processes::follow(&mut group, &config, &stop, total)? {
-                Some(sig) => Outcome::Interrupted(sig),
-                None => Outcome::Finished,
-            },
-        );
+        return Ok(match processes::follow(group, &config, &stop, total)? {
+            Some(sig) => Outcome::Interrupted(sig),
+            None => Outcome::Finished,
+        });
     }
 
     let mode = if args.resume {
@@ -300,7 +317,14 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
     let (start, params) = group.share_start(start, params)?;
     s.problem.params = params;
 
-    let mut out = Stdout::new();
+    // Across processes the lead's lines go through a thread of their own: mpirun stops
+    // reading them while it stops the job ([`lines`]), and the run must still reach the
+    // generation boundary where it checkpoints.
+    let mut out = if group.size() > 1 {
+        Lines::queued()
+    } else {
+        Lines::Direct(Stdout::new())
+    };
     outln!(
         out,
         "shardes run {}\n  problem  {}: {} parameters in {} leaves\n  \
@@ -509,6 +533,9 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
     } else {
         checkpoint(&mut rundir, &trainer, key, &config, &inputs)
     };
+    if outcome != Outcome::Finished {
+        progress.out.stopping();
+    }
     progress.finish();
     result?;
     let loop_secs = t_run.elapsed().as_secs_f64();
@@ -526,13 +553,21 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
             dir.display()
         ),
         // The signal thread named the signal on stderr already.
-        Outcome::Interrupted(_) => outln!(
-            out,
-            "interrupted: checkpoint at generation {g} in {}; continue with `shardes run {} \
-             --resume`",
-            dir.display(),
-            args.config.display()
-        ),
+        Outcome::Interrupted(_) => {
+            let line = format!(
+                "interrupted: checkpoint at generation {g} in {}; continue with `shardes run \
+                 {} --resume`",
+                dir.display(),
+                args.config.display()
+            );
+            // Under mpirun nothing may read stdout any more (it is stopping the job, see
+            // [`lines`]); stderr, a pipe that holds the few lines it gets, still takes it.
+            if group.size() > 1 {
+                errln!("{line}");
+            } else {
+                outln!(out, "{line}");
+            }
+        }
     }
     for line in summary.lines(loop_secs, t_command.elapsed().as_secs_f64(), Some(g), &dir) {
         outln!(out, "{line}");

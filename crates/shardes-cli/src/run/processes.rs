@@ -16,8 +16,10 @@
 //! 5. every [`PARAM_CHECK_EVERY`] generations, before every checkpoint and at the end: a
 //!    hash of the parameters, compared (a failure naming the generation if they differ).
 //!
-//! A process that fails on its own (the lead refusing the out directory, a process killed),
-//! and every process after a stop signal, exits without finalizing MPI; `mpirun` then stops the others and exits non-zero. A
+//! A process that fails on its own (the lead refusing the out directory, a process killed)
+//! exits without finalizing MPI; `mpirun` then stops the others and exits non-zero. After a
+//! stop signal every process exits without finalizing too, but only once every process got
+//! to the end of the run, the lead with its checkpoint written ([`Group::exit_together`]). A
 //! collective that waits longer than `SHARDES_MPI_TIMEOUT` seconds (default 600) ends its
 //! process too, for launchers that would leave the others waiting.
 //!
@@ -32,12 +34,14 @@ use shardes::distributed::{bytes_digest, params_digest, Distributed, ProcessTrai
 use shardes::hlo::es::check_processes;
 use shardes::hlo::params::Array;
 use shardes::hlo::params::ParamTree;
+use shardes::host_control::HostProcessTrainer;
 
 use super::engine::Engine;
 use super::finite;
 use super::reward;
 use super::signals::{Signal, Stop};
 use crate::config::{es_error, Config, ConfigError};
+use crate::out::errln;
 use crate::setup::{self, Setup};
 
 /// Generations between two comparisons of the parameters across processes (besides every
@@ -124,7 +128,7 @@ impl Group {
     /// Ends the group at the end of a run: together ([`Group::finish`]) after the last
     /// generation, but not after a stop signal: the launcher is taking the job down then
     /// (`mpirun` sends SIGTERM, then SIGKILL), and finalizing MPI while it does can wait
-    /// forever, holding the out directory's lock. Each process then just exits.
+    /// until the SIGKILL. The processes then exit together ([`Group::exit_together`]).
     pub fn end(&mut self, finished: bool) {
         if finished {
             self.finish();
@@ -208,15 +212,6 @@ impl Group {
         if self.size == 1 {
             return setup::build(config);
         }
-        let one_process = |what: &str| {
-            ConfigError::new(
-                format!(
-                    "{what} runs on one process; this is one of {} processes",
-                    self.size
-                ),
-                "run it without mpirun (one process with all its devices)",
-            )
-        };
         let mut all = config.clone();
         all.devices = config.devices * self.size;
         if config.task.is_some() {
@@ -234,10 +229,8 @@ impl Group {
                 host: None,
             });
         }
+        // A MuJoCo model (`host`) is loaded on every process: each simulates its own members.
         let (es, problem, host) = setup::problem(&all)?;
-        if host.is_some() {
-            return Err(one_process("a MuJoCo run ([problem] mjcf)").into());
-        }
         let client = setup::client(config)?;
         Ok(Setup {
             config: config.clone(),
@@ -245,7 +238,7 @@ impl Group {
             problem,
             client,
             decode: None,
-            host: None,
+            host,
         })
     }
 
@@ -265,9 +258,22 @@ impl Group {
     }
 
     /// This process's engine in a run across processes: the [`ProcessTrainer`] (placed
-    /// by `es.how_hosts`), or for a `[task]` the reward run decoding this process's members
-    /// (on `s.problem.params`, which the caller set to `params`).
+    /// by `es.how_hosts`), for a `[task]` the reward run decoding this process's members
+    /// (on `s.problem.params`, which the caller set to `params`), or for a MuJoCo model the
+    /// [`HostProcessTrainer`] simulating this process's members.
     pub fn engine(&self, s: &Setup, params: &ParamTree, start: u32) -> Result<Engine> {
+        if let Some(h) = &s.host {
+            return Ok(Engine::HostProcesses(Box::new(HostProcessTrainer::new(
+                &s.client,
+                &s.es,
+                h,
+                params,
+                s.problem.key,
+                start,
+                self.dist()?,
+                s.config.es.hosts_how(),
+            )?)));
+        }
         if s.config.task.is_some() {
             let group = (self.dist()?, s.config.es.hosts_how());
             return Ok(Engine::Reward(Box::new(reward::build(
@@ -339,6 +345,27 @@ impl Group {
             .map(Signal))
     }
 
+    /// After a stop signal, across processes: waits until every process got here (the
+    /// lead with its checkpoint written), then ends this process at once with the signal's
+    /// exit code, without finalizing MPI (whose fence needs `mpirun`, which is busy
+    /// stopping the job). A process that exits makes `mpirun` kill the others within
+    /// milliseconds (Open MPI 4.1), so no process may exit before the lead's checkpoint,
+    /// and none may linger after the others: released together from the barrier, every
+    /// process exits within microseconds. On one process it returns.
+    pub fn exit_together(&mut self, sig: Signal) {
+        if self.size == 1 {
+            return;
+        }
+        if let Some(d) = &self.dist {
+            if let Err(e) = d.barrier() {
+                errln!("error: process {}: {e}", self.rank);
+            }
+        }
+        // `_exit`: nothing is left to flush (stderr is unbuffered, stdout's lines were
+        // written or given up on) and nothing to release.
+        signal_hook::low_level::exit(i32::from(sig.exit_code()))
+    }
+
     /// Compares the parameters across processes after `done` generations when a check is
     /// due there ([`PARAM_CHECK_EVERY`], a checkpoint, or `last`); a failure names the
     /// generation.
@@ -349,9 +376,9 @@ impl Group {
         }
         match engine {
             Engine::Processes(t) => t.check_params(self.dist()?, done)?,
-            Engine::Reward(r) => self.dist()?.agree(
+            Engine::Reward(_) | Engine::HostProcesses(_) => self.dist()?.agree(
                 &format!("the parameters at generation {done}"),
-                params_digest(&r.params()?),
+                params_digest(&engine.params()?),
                 "the processes ran different programs or hardware; rerun from the last \
                  checkpoint, on the same plugin and machine type for every process",
             )?,
