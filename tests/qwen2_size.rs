@@ -120,3 +120,18 @@ fn the_decoding_model_reads_every_size_form_as_loss_problems_do() {
         config_of_size("vocab=64,dd=16").unwrap_err().to_string()
     );
 }
+
+#[test]
+fn a_custom_size_too_large_for_the_host_is_refused_before_drawing() {
+    // 2^26 tokens x 4096 wide: 1 TiB of f32 embedding alone, more than any test host has.
+    let size = "vocab=67108864,d=4096,ffn=4096,heads=32,kv=32";
+    config_of_size(size).expect("a valid config, only too large");
+    let Some((available, _)) = shardes::problem::memory::available() else {
+        return; // no figure of available memory on this host: nothing is refused
+    };
+    assert!(available < 1 << 40, "the host has over 1 TiB available");
+    let e = load_qwen2(&Qwen2Weights::Random(size.into()), DType::F32, 0)
+        .expect_err("refused before drawing 1 TiB");
+    assert!(matches!(e, ProblemError::Memory(_)), "{e:?}");
+    assert!(e.to_string().contains("random qwen2"), "{e}");
+}
