@@ -1,17 +1,19 @@
-//! A Qwen2 model to decode with, from a checkpoint or a random preset: the model, its
-//! parameters, the run's key and the checkpoint's EOS and pad ids.
+//! A Qwen2 model to decode with, from a checkpoint or a random size (a preset or custom
+//! dimensions, as loss problems take them): the model, its parameters, the run's key and
+//! the checkpoint's EOS and pad ids.
 
 use shardes_hlo::builder::DType;
 use shardes_hlo::decode::Bounded;
 use shardes_hlo::es::ShardedES;
 use shardes_hlo::params::ParamTree;
 use shardes_hlo::prng::Key;
+use shardes_hlo::problems::f32_bytes;
 use shardes_hlo::problems::qwen2::{Qwen2, Qwen2Config};
 use shardes_runtime::Client;
 
 use super::{DecodeConfig, PopulationDecoder};
-use crate::problem::qwen2::Qwen2Weights;
-use crate::problem::{run_key, ProblemError, Setting};
+use crate::problem::qwen2::{config_of_size, Qwen2Weights};
+use crate::problem::{memory, run_key, ProblemError, Setting};
 use crate::Error;
 
 /// A Qwen2 loaded for decoding.
@@ -21,7 +23,7 @@ pub struct LoadedQwen2 {
     pub config: Qwen2Config,
     /// The initial parameters.
     pub params: ParamTree,
-    /// The run's key, `key(seed)` (random presets draw their parameters from it).
+    /// The run's key, `key(seed)` (a random size draws its parameters from it).
     pub key: Key,
     /// The checkpoint's `max_position_embeddings`, if it says.
     pub max_positions: Option<usize>,
@@ -80,8 +82,8 @@ fn checkpoint_error(e: crate::hf::HfError) -> ProblemError {
 }
 
 /// Loads `weights` for decoding in `compute_dtype` with `key = key(seed)`: a checkpoint's
-/// config, parameters and generation ids, or a random preset's parameters (drawn from the
-/// key with std 0.02, no EOS).
+/// config, parameters and generation ids, or random parameters of any size
+/// [`config_of_size`] reads (drawn from the key with std 0.02, no EOS).
 pub fn load_qwen2(
     weights: &Qwen2Weights,
     compute_dtype: DType,
@@ -104,11 +106,23 @@ pub fn load_qwen2(
             })
         }
         Qwen2Weights::Random(size) => {
-            let config = Qwen2Config::by_size(size).map_err(|e| ProblemError::Input {
-                setting: Setting::Size,
-                message: format!("size: {e}"),
-                fix: "use \"tiny\", \"0.5b\" or \"1.5b\"".into(),
-            })?;
+            let config = config_of_size(size)?;
+            // Custom dimensions can ask for any size: refuse before drawing, as loss problems do.
+            let shapes = config.param_shapes();
+            let bytes = f32_bytes(shapes.iter().map(|(_, s)| s.as_slice()));
+            memory::require(
+                bytes,
+                || {
+                    format!(
+                        "random qwen2 {} ({} layers, d {}, vocab {}) with its f32 parameters",
+                        shardes_hlo::es::spec::excerpt(size),
+                        config.num_hidden_layers,
+                        config.hidden_size,
+                        config.vocab_size
+                    )
+                },
+                "the model (a smaller size)",
+            )?;
             let params = config
                 .init(key, 0.02)
                 .map_err(ProblemError::host("initialising random qwen2 parameters"))?;

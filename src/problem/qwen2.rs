@@ -19,7 +19,8 @@ use crate::tokenizer::{check_fits, lm_batch, read_examples_with_lines, Tokenizer
 pub enum Qwen2Weights {
     /// A Hugging Face checkpoint directory (`config.json`, `*.safetensors`).
     Checkpoint(PathBuf),
-    /// A preset (`tiny`, `0.5b`, `1.5b`) with parameters drawn from the run's key.
+    /// A size ([`config_of_size`]: a preset such as `tiny`, or custom dimensions) with
+    /// parameters drawn from the run's key.
     Random(String),
 }
 
@@ -191,10 +192,13 @@ fn checkpoint_error(e: crate::hf::HfError) -> ProblemError {
 /// The dimension keys of a custom random size, `"vocab=4096,d=256,ffn=1024,layers=4,heads=4,kv=2"`.
 const DIM_KEYS: &str = "vocab, d, ffn, layers, heads, kv";
 
-/// A preset (`tiny`, `0.5b`, `1.5b`), or the tiny preset with the dimensions a
-/// `key=value` list sets (`vocab`, `d`, `ffn`, `layers`, `heads`, `kv`), e.g. a d = 256
-/// model for a quick benchmark.
-fn random_config(size: &str) -> Result<Qwen2Config, ProblemError> {
+/// The config a random model's `size` names, the one parser of every `size` form (loss
+/// problems and [`crate::decode::load_qwen2`] both read sizes here): a preset (`tiny`,
+/// `0.5b` or `qwen2.5-0.5b`, `1.5b` or `qwen2.5-1.5b`, any case), or the tiny preset with
+/// the dimensions a comma-separated `key=value` list sets (`vocab`, `d`, `ffn`, `layers`,
+/// `heads`, `kv`), e.g. `"vocab=4096,d=256,ffn=1024,layers=4,heads=4,kv=2"` for a d = 256
+/// model. The result is validated; an error names [`Setting::Size`].
+pub fn config_of_size(size: &str) -> Result<Qwen2Config, ProblemError> {
     let fix = "use \"tiny\", \"0.5b\" or \"1.5b\", or dimensions such as \
                \"vocab=4096,d=256,ffn=1024,layers=4,heads=4,kv=2\"";
     if !size.contains('=') {
@@ -247,7 +251,7 @@ fn plan(source: &Qwen2Source) -> Result<Plan, ProblemError> {
             )
         }
         Qwen2Weights::Random(size) => {
-            let cfg = random_config(size)?;
+            let cfg = config_of_size(size)?;
             (
                 cfg,
                 None,

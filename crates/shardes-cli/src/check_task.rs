@@ -7,7 +7,7 @@
 //! ([`crate::run::reward::decode_config`]), the `[es]` settings against the model's leaves,
 //! and the first generation's and the held-out prompts against `task.prompt_len`. The model
 //! is described by shape (a checkpoint's `config.json`, headers and generation ids; a
-//! preset's dimensions), so no parameter is read or allocated. [`programs`] builds the
+//! random size's dimensions), so no parameter is read or allocated. [`programs`] builds the
 //! programs a reward run compiles (the decode, the tell and, with `[eval]`, the held-out
 //! decode), for `shardes diag`.
 
@@ -21,7 +21,8 @@ use shardes::hlo::es::strategy::LowRank;
 use shardes::hlo::es::{check_model, AsModel, Finding, LeafInfo, Program, ShardedES, WithTasks};
 use shardes::hlo::params::ParamTree;
 use shardes::hlo::problems::leaf_infos_of_shapes;
-use shardes::hlo::problems::qwen2::{Qwen2, Qwen2Config};
+use shardes::hlo::problems::qwen2::Qwen2;
+use shardes::problem::qwen2::config_of_size;
 use shardes::DecodeConfig;
 
 use crate::config::{Config, ConfigError, ProblemConfig, TaskConfig};
@@ -109,9 +110,7 @@ fn model_shapes(config: &Config) -> Result<(LoadedQwen2, String)> {
             )
         }
         (None, Some(size)) => {
-            let cfg = Qwen2Config::by_size(size).map_err(|e| {
-                ConfigError::new(format!("problem.size: {e}"), setup::TASK_SIZE_FORMS)
-            })?;
+            let cfg = config_of_size(size).map_err(setup::config_error)?;
             (cfg, None, Vec::new(), None, format!("random {size}"))
         }
         (None, None) => {

@@ -1,5 +1,6 @@
 //! `shardes hlo`, `shardes devices` and `shardes check`: look at a run without running it
-//! (`check` on a `[task]` or an MJCF config: [`crate::check_task`], [`crate::check_mjcf`]).
+//! (`check` on a `[task]` or an MJCF config: [`crate::check_task`], [`crate::check_mjcf`];
+//! `hlo` on a `[task]` config prints the programs [`crate::check_task::programs`] builds).
 //!
 //! Their output is the product: a reader that closes the pipe early (`| head`) ends the
 //! command quietly with its normal exit code; any other write error (`> /dev/full`) is a
@@ -29,6 +30,35 @@ pub struct HloArgs {
     /// PJRT plugin for `--optimized`: `cpu`, `cuda`, `tpu` or a path (overrides the config's).
     #[arg(long)]
     pub plugin: Option<String>,
+    /// Which program of a `[task]` (reward) config to print: the decode of every member
+    /// (default), the tell, the held-out decode of `[eval]`, or all of them, each after a
+    /// `// program: NAME` line. Loss and control configs have one program and refuse it.
+    #[arg(long, value_enum)]
+    pub program: Option<TaskProgram>,
+}
+
+/// A program of a reward run, for `shardes hlo --program`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TaskProgram {
+    /// The decode of every member under its perturbation.
+    Decode,
+    /// The tell (the update from the rewards).
+    Tell,
+    /// The held-out decode of the unperturbed parameters (`[eval]`).
+    Eval,
+    /// Every program the run compiles.
+    All,
+}
+
+impl TaskProgram {
+    fn name(self) -> &'static str {
+        match self {
+            TaskProgram::Decode => "decode",
+            TaskProgram::Tell => "tell",
+            TaskProgram::Eval => "eval",
+            TaskProgram::All => "all",
+        }
+    }
 }
 
 /// Arguments of `shardes devices`.
@@ -137,45 +167,98 @@ pub fn generation_mlir(config: &Config) -> Result<String> {
     Ok(program.module.to_mlir())
 }
 
+/// The programs `shardes hlo` prints for `config`, named: a `[task]` config's selection
+/// (`--program`, the decode by default) of the programs a reward run compiles, else the one
+/// generation program ([`generation_mlir`]).
+fn hlo_programs(config: &Config, program: Option<TaskProgram>) -> Result<Vec<(String, String)>> {
+    if config.task.is_none() {
+        if let Some(p) = program {
+            return Err(ConfigError::new(
+                format!(
+                    "--program {}: only a [task] config has several programs",
+                    p.name()
+                ),
+                "remove --program (this config has one generation program), or pass a \
+                 config with a [task]",
+            )
+            .into());
+        }
+        return Ok(vec![("generation".into(), generation_mlir(config)?)]);
+    }
+    let want = program.unwrap_or(TaskProgram::Decode);
+    if want == TaskProgram::Eval && config.eval.is_none() {
+        return Err(ConfigError::new(
+            "--program eval: the config has no [eval], so a run compiles no held-out decode",
+            "add an [eval] section (every, prompts), or print --program decode or tell",
+        )
+        .into());
+    }
+    let plan = crate::check_task::plan(config)?;
+    let built = crate::check_task::programs(config, &plan)?;
+    Ok(built
+        .into_iter()
+        .filter(|b| want == TaskProgram::All || b.name == want.name())
+        .map(|b| (b.name.to_string(), b.program.module.to_mlir()))
+        .collect())
+}
+
 /// Runs `shardes hlo`.
 pub fn hlo(args: &HloArgs) -> Result<()> {
     let mut config = Config::load(&args.config)?;
     if let Some(p) = &args.plugin {
         config.plugin = Some(p.clone());
     }
-    let mlir = generation_mlir(&config)?;
+    let programs = hlo_programs(&config, args.program)?;
+    // A name line only where there is more than one program to tell apart.
+    let named = programs.len() > 1;
     let mut out = Stdout::new();
     if !args.optimized {
-        out.text(&mlir);
+        for (name, mlir) in &programs {
+            if named {
+                outln!(out, "// program: {name}");
+            }
+            out.text(mlir);
+            if named && !mlir.ends_with('\n') {
+                out.text("\n");
+            }
+        }
         return out.finish();
     }
     let client = setup::client(&config)?;
-    let exe = client
-        .compile(&mlir, &CompileOptions::new(config.devices))
-        .context("compiling the generation program")?;
-    let module = exe
-        .optimized_hlo()
-        .context("reading XLA's optimized program")?;
-    outln!(
-        out,
-        "// {}: optimized for {} partitions; shapes are per device",
-        module.name,
-        config.devices
-    );
-    for comp in &module.computations {
-        let entry = if comp.name == module.entry {
-            " (entry)"
-        } else {
-            ""
-        };
+    for (name, mlir) in &programs {
+        let exe = client
+            .compile(mlir, &CompileOptions::new(config.devices))
+            .with_context(|| format!("compiling the {name} program"))?;
+        let module = exe
+            .optimized_hlo()
+            .context("reading XLA's optimized program")?;
+        if named {
+            outln!(out, "// program: {name}");
+        }
+        outln!(
+            out,
+            "// {}: optimized for {} partitions; shapes are per device",
+            module.name,
+            config.devices
+        );
+        for comp in &module.computations {
+            let entry = if comp.name == module.entry {
+                " (entry)"
+            } else {
+                ""
+            };
+            if !out.ok() {
+                break;
+            }
+            outln!(out, "computation {}{entry} {{", comp.name);
+            for inst in &comp.instructions {
+                outln!(out, "  {} = {inst}", inst.name);
+            }
+            outln!(out, "}}");
+        }
         if !out.ok() {
             break;
         }
-        outln!(out, "computation {}{entry} {{", comp.name);
-        for inst in &comp.instructions {
-            outln!(out, "  {} = {inst}", inst.name);
-        }
-        outln!(out, "}}");
     }
     out.finish()
 }

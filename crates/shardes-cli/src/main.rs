@@ -50,7 +50,8 @@ struct Cli {
 enum Command {
     /// Train: progress, metrics.jsonl, checkpoints; `--resume` continues a run.
     Run(run::RunArgs),
-    /// Print the generation program (StableHLO), or XLA's optimized program with `--optimized`.
+    /// Print the generation program (StableHLO; a [task] config's decode, tell or eval with
+    /// `--program`), or XLA's optimized program with `--optimized`.
     Hlo(inspect::HloArgs),
     /// List the plugin's devices, platform and versions.
     Devices(inspect::DevicesArgs),

@@ -243,19 +243,13 @@ pub fn qwen2_source(problem: &ProblemConfig) -> anyhow::Result<Qwen2Source> {
     })
 }
 
-/// Every `problem.size` a loss (`data`) config accepts: the named presets and the
-/// dimensions form over the tiny preset (`shardes::problem::qwen2`'s parser).
+/// Every `problem.size` a qwen2 config accepts, a loss (`data`) or a `[task]` config
+/// alike: the named presets and the dimensions form over the tiny preset (both parsed by
+/// `shardes::problem::qwen2::config_of_size`).
 pub const SIZE_FORMS: &str = "use size = \"tiny\", \"0.5b\" (or \"qwen2.5-0.5b\") or \"1.5b\" \
      (or \"qwen2.5-1.5b\"), or dimensions over the tiny preset as comma-separated key=value \
      pairs of vocab, d, ffn, layers, heads and kv, e.g. size = \
      \"vocab=4096,d=256,ffn=1024,layers=4,heads=4,kv=2\"; or set problem.checkpoint instead";
-
-/// Every `problem.size` a `[task]` config accepts: its decoding model is a named preset
-/// (`shardes::decode::load_qwen2`), not the dimensions form.
-pub const TASK_SIZE_FORMS: &str = "a [task] config decodes a named preset: use size = \
-     \"tiny\", \"0.5b\" (or \"qwen2.5-0.5b\") or \"1.5b\" (or \"qwen2.5-1.5b\"), or set \
-     problem.checkpoint; the dimensions form (\"vocab=...,d=...\") is for configs with \
-     problem.data";
 
 /// A problem error as the config error naming its key (`run.seed`, `problem.data`, …) and
 /// the fix in config terms; errors that are not the user's input stay as they are.
@@ -418,8 +412,8 @@ pub fn decoding_problem(
     };
     // es.compute_dtype, or the problem's compute_dtype.
     let dtype = config.compute_dtype()?;
-    let mut loaded = shardes::decode::load_qwen2(&weights, dtype, config.run.seed)
-        .map_err(task_problem_error)?;
+    let mut loaded =
+        shardes::decode::load_qwen2(&weights, dtype, config.run.seed).map_err(problem_error)?;
     let params = std::mem::replace(
         &mut loaded.params,
         shardes::hlo::params::ParamTree::map(
@@ -449,19 +443,6 @@ pub fn decoding_problem(
         },
         loaded,
     ))
-}
-
-/// [`problem_error`] for a `[task]` config's decoding model: a bad `problem.size` gets
-/// the forms a decoding model accepts ([`TASK_SIZE_FORMS`]).
-pub fn task_problem_error(e: ProblemError) -> anyhow::Error {
-    match e {
-        ProblemError::Input {
-            setting: Setting::Size,
-            message,
-            ..
-        } => ConfigError::new(format!("problem.{message}"), TASK_SIZE_FORMS).into(),
-        other => problem_error(other),
-    }
 }
 
 /// A problem error as [`config_error`] words it, and a memory error as the config

@@ -3,7 +3,7 @@
 //! an MJCF model (episodes on the host). Through the real plugin: `check` validates and
 //! prints what a run would do without compiling, `diag` compiles the run's programs, and a
 //! bad config is still a one-line error naming the key (exit 2). Also the forms a bad
-//! qwen2 `problem.size` lists, each of which is accepted.
+//! qwen2 `problem.size` lists, each of which is accepted, by loss and `[task]` configs.
 
 mod common;
 
@@ -189,14 +189,70 @@ fn bad_task_configs_exit_2_naming_the_key_in_check_and_diag() {
             assert!(stderr.contains("hint: "), "{sub} case {i}: {stderr}");
         }
     }
-    // A [task] config's bad size lists the forms a decoding model accepts (presets).
+    // A [task] config's bad size lists every form a loss config accepts, dimensions too.
     let cfg = write(dir.path(), "bad_size.toml", &cases[7].0);
     let (_, stderr) = text(&shardes(&["check", cfg.to_str().unwrap()]));
     assert!(
-        stderr.contains("a [task] config decodes a named preset")
-            && stderr.contains("\"qwen2.5-1.5b\""),
+        stderr.contains("\"qwen2.5-1.5b\"")
+            && stderr.contains("\"vocab=4096,d=256,ffn=1024,layers=4,heads=4,kv=2\""),
         "{stderr}"
     );
+}
+
+/// A 1-layer d = 16 model over 64 tokens: 3408 parameters in 14 leaves (embedding 64·16 =
+/// 1024; the layer's q 16·16 + 16, k and v 8·16 + 8 each (kv 1 head of 8), o 16·16, gate,
+/// up and down 32·16 each, two norms of 16: 2368; the final norm 16).
+const CUSTOM: &str = "vocab=64,d=16,ffn=32,layers=1,heads=2,kv=1";
+
+#[test]
+fn a_task_config_decodes_a_custom_dimensions_model_in_check_and_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let config = target_token(&out, "", true)
+        .replace("size = \"tiny\"", &format!("size = \"{CUSTOM}\""))
+        .replace("generations = 3", "generations = 2");
+    let cfg = write(dir.path(), "custom.toml", &config);
+    let o = shardes(&["check", cfg.to_str().unwrap()]);
+    let (stdout, stderr) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stdout.starts_with(&format!(
+            "ok: qwen2 (random {CUSTOM}, 1 layers, d 16, vocab 64) decoding; reads all 14 leaves"
+        )),
+        "{stdout}"
+    );
+    let o = shardes(&["run", cfg.to_str().unwrap()]);
+    let (stdout, stderr) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("decoding: 3408 parameters in 14 leaves"),
+        "{stdout}"
+    );
+    let lines = |name: &str| {
+        std::fs::read_to_string(out.join(name))
+            .unwrap_or_else(|e| panic!("{name}: {e}"))
+            .lines()
+            .count()
+    };
+    assert_eq!(lines("metrics.jsonl"), 2);
+    // Generations 0 and 2 (every = 2, and the last).
+    assert_eq!(lines("eval.jsonl"), 2);
+    assert!(out.join("params.safetensors").is_file());
+    // A bad dimension in a [task] config is the loss config's error.
+    let bad = config.replace(CUSTOM, "vocab=64,d=17").replace(
+        &out.display().to_string(),
+        &dir.path().join("bad_out").display().to_string(),
+    );
+    let cfg = write(dir.path(), "bad.toml", &bad);
+    for sub in ["check", "run"] {
+        let o = shardes(&[sub, cfg.to_str().unwrap()]);
+        let (_, stderr) = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{sub}: {stderr}");
+        assert!(
+            stderr.contains("problem.size = \"vocab=64,d=17\"") && stderr.contains("hint: "),
+            "{sub}: {stderr}"
+        );
+    }
 }
 
 #[test]

@@ -124,7 +124,12 @@ impl Qwen2Config {
             _ => Err(ProblemError::BadSetting {
                 what: "size",
                 value: format!("\"{}\"", crate::es::spec::excerpt(size)),
-                fix: "use size = \"tiny\", \"0.5b\" or \"1.5b\", or load a checkpoint",
+                fix: "use size = \"tiny\", \"0.5b\" (or \"qwen2.5-0.5b\") or \"1.5b\" (or \
+                      \"qwen2.5-1.5b\"), or dimensions over the tiny preset as comma-separated \
+                      key=value pairs of vocab, d, ffn, layers, heads and kv, e.g. \
+                      \"vocab=4096,d=256,ffn=1024,layers=4,heads=4,kv=2\" (as a config's \
+                      problem.size or through shardes::problem::qwen2::config_of_size), or \
+                      load a checkpoint",
             }),
         }
     }
