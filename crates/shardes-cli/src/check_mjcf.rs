@@ -108,11 +108,7 @@ pub fn check(config: &Config, json: bool) -> Result<usize> {
             .map_err(crate::config::es_error)?;
     let mut out = Stdout::new();
     if json {
-        let list: Vec<serde_json::Value> = p
-            .findings
-            .iter()
-            .map(|f| serde_json::json!({"path": f.path, "message": f.message}))
-            .collect();
+        let list = crate::findings::to_json(&p.findings);
         let doc = serde_json::json!({
             "problem": config.problem.name(),
             "mjcf": p.mjcf.display().to_string(),
@@ -129,19 +125,12 @@ pub fn check(config: &Config, json: bool) -> Result<usize> {
         out.finish()?;
         return Ok(p.findings.len());
     }
-    if p.findings.is_empty() {
-        outln!(
-            out,
-            "ok: {}; its policy step reads all {} leaves, every 2-D leaf through a seam",
-            p.summary,
-            p.leaves.len()
-        );
-    } else {
-        for f in &p.findings {
-            outln!(out, "{}: {}", f.path, f.message);
-        }
-        outln!(out, "{} finding(s) in {}", p.findings.len(), p.summary);
-    }
+    let ok = format!(
+        "ok: {}; its policy step reads all {} leaves, every 2-D leaf through a seam",
+        p.summary,
+        p.leaves.len()
+    );
+    crate::findings::print(&mut out, &p.findings, &ok, &format!(" in {}", p.summary));
     let devices = p.es.devices();
     outln!(
         out,

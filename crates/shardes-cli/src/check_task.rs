@@ -383,11 +383,7 @@ pub fn check(config: &Config, json: bool) -> Result<usize> {
     let lines = lines(config, &p)?;
     let mut out = Stdout::new();
     if json {
-        let list: Vec<serde_json::Value> = p
-            .findings
-            .iter()
-            .map(|f| serde_json::json!({"path": f.path, "message": f.message}))
-            .collect();
+        let list = crate::findings::to_json(&p.findings);
         let doc = serde_json::json!({
             "problem": config.problem.name(),
             "leaves": p.leaves.len(),
@@ -409,19 +405,12 @@ pub fn check(config: &Config, json: bool) -> Result<usize> {
         });
         outln!(out, "{doc}");
     } else {
-        if p.findings.is_empty() {
-            outln!(
-                out,
-                "ok: {}; reads all {} leaves, every 2-D leaf through a seam",
-                p.summary,
-                p.leaves.len()
-            );
-        } else {
-            for f in &p.findings {
-                outln!(out, "{}: {}", f.path, f.message);
-            }
-            outln!(out, "{} finding(s) in {}", p.findings.len(), p.summary);
-        }
+        let ok = format!(
+            "ok: {}; reads all {} leaves, every 2-D leaf through a seam",
+            p.summary,
+            p.leaves.len()
+        );
+        crate::findings::print(&mut out, &p.findings, &ok, &format!(" in {}", p.summary));
         for l in &lines {
             outln!(out, "{l}");
         }

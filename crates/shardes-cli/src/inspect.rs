@@ -320,28 +320,20 @@ pub fn check(args: &CheckArgs) -> Result<usize> {
     let findings = check_model(&*p.model, &leaves).context("tracing the model")?;
     let mut out = Stdout::new();
     if args.json {
-        let list: Vec<serde_json::Value> = findings
-            .iter()
-            .map(|f| serde_json::json!({"path": f.path, "message": f.message}))
-            .collect();
+        let list = crate::findings::to_json(&findings);
         let doc = serde_json::json!({
             "problem": config.problem.name(),
             "leaves": leaves.len(),
             "findings": list,
         });
         outln!(out, "{doc}");
-    } else if findings.is_empty() {
-        outln!(
-            out,
+    } else {
+        let ok = format!(
             "ok: {} reads all {} leaves, every 2-D leaf through a seam",
             config.problem.name(),
             leaves.len()
         );
-    } else {
-        for f in &findings {
-            outln!(out, "{}: {}", f.path, f.message);
-        }
-        outln!(out, "{} finding(s)", findings.len());
+        crate::findings::print(&mut out, &findings, &ok, "");
     }
     out.finish()?;
     Ok(findings.len())

@@ -21,6 +21,7 @@ mod completions;
 mod config;
 mod diag;
 mod estimate;
+mod findings;
 mod generate;
 mod init;
 mod inspect;
