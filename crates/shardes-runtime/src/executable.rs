@@ -1,5 +1,6 @@
 //! Compiling StableHLO programs and running them.
 
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 
 use prost::Message;
@@ -359,6 +360,7 @@ impl Executable {
             .map(|&i| i as i64)
             .collect();
         let mut opts = pjrt_args!(PJRT_ExecuteOptions);
+        opts.launch_id = next_launch_id();
         opts.non_donatable_input_indices = non_donatable.as_ptr();
         opts.num_non_donatable_input_indices = non_donatable.len();
         let mut a = pjrt_args!(PJRT_LoadedExecutable_Execute_Args);
@@ -521,4 +523,17 @@ impl Executable {
             peak_memory_in_bytes: a.peak_memory_in_bytes,
         })
     }
+}
+
+/// The launch id of the next execution, unique among the executions of this process that
+/// can overlap.
+///
+/// XLA:CPU keys the rendezvous of a program's collectives on the launch id (its `run_id`)
+/// and the devices, process-wide: two clients in one process running collective programs
+/// at the same time with the default id 0 join each other's all-reduce and abort
+/// (`Check failed: id < num_threads`, seen with two tests' clients on two threads). Ids
+/// wrap within the positive `i32` range; only executions in flight together must differ.
+fn next_launch_id() -> i32 {
+    static NEXT: AtomicI32 = AtomicI32::new(1);
+    (NEXT.fetch_add(1, Ordering::Relaxed) & i32::MAX).max(1)
 }
