@@ -92,13 +92,13 @@ fn around(x: f64, half: u32, out: &mut Vec<u32>) {
 #[test]
 fn erf_inv_exact_equals_chlo_on_every_edge_class() {
     let mut v = Vec::new();
-    // A stride through everything (coprime with the mantissa, so every exponent and many
-    // mantissa patterns are hit).
+    // A stride through everything (prime, so every exponent and many mantissa patterns
+    // are hit; the slow tier sweeps every input).
     let mut b = 0u32;
     while b < ONE {
         v.push(b);
         v.push(b | SIGN);
-        b += 1021;
+        b += 8191;
     }
     // ±0, the subnormals' ends and the smallest normals.
     both_signs(0, 1 << 16, &mut v);
@@ -137,7 +137,7 @@ fn erf_inv_exact_equals_chlo_on_every_edge_class() {
     for b in [ONE + 1, ONE + 2, 0x4000_0000, 0x7149_f2ca, 0x7f7f_ffff] {
         v.extend([b, b | SIGN]);
     }
-    assert!(v.len() > 3_500_000, "{} inputs", v.len());
+    assert!(v.len() > 1_800_000, "{} inputs", v.len());
     let (count, first) = mismatches(&v);
     assert_eq!(
         count,
