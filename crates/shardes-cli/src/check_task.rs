@@ -308,7 +308,7 @@ pub fn lines(config: &Config, p: &TaskPlan) -> Result<Vec<String>> {
     };
     let positions = match p.loaded.max_positions {
         Some(m) => format!("of the model's {m}"),
-        None => "(the preset has no position limit)".into(),
+        None => "(no max_position_embeddings to check them against)".into(),
     };
     v.push(format!(
         "decode: {sampling}, {n} members x {} prompts = {} rows of prompt_len {} + max_new_tokens \

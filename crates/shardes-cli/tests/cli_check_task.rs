@@ -67,7 +67,7 @@ fn check_on_the_countdown_example_prints_what_a_run_would_do() {
         "population: mirrored(lowrank(r=1)) n = 32 on 8 device(s) (4 per device, member chunk 4), \
          sigma 0.01, lr 0.01, shaping centered_ranks",
         "decode: greedy, 32 members x 4 prompts = 128 rows of prompt_len 24 + max_new_tokens 24 \
-         = 48 positions (the preset has no position limit); eos [1], pad 1",
+         = 48 positions (no max_position_embeddings to check them against); eos [1], pad 1",
         "task: countdown, 4 prompts per generation",
         "at most 3072 tokens generated per generation",
         "first prompt: \"numbers ",

@@ -32,7 +32,7 @@ mod sample;
 pub use sample::Sampling;
 
 use crate::builder::{DType, TensorType, Value};
-use crate::es::{EsError, MemberInfo, MemberOutputs, ModelParams};
+use crate::es::{EsError, LayerLeaves, MemberInfo, MemberOutputs, ModelParams};
 use crate::nn::Act;
 
 /// Where a decode step's token sits, for [`Decoder::step`].
@@ -57,6 +57,12 @@ pub trait Decoder {
 
     /// The most positions (prompt and generated tokens) the model supports, if bounded.
     fn max_positions(&self) -> Option<usize> {
+        None
+    }
+
+    /// The model's repeated layers, when prefill and step read them in a loop over the
+    /// layer index ([`crate::es::Model::layers`]).
+    fn layers(&self) -> Option<LayerLeaves> {
         None
     }
 
@@ -107,6 +113,10 @@ impl<D: Decoder> Decoder for Bounded<D> {
 
     fn max_positions(&self) -> Option<usize> {
         Some(self.max_positions)
+    }
+
+    fn layers(&self) -> Option<LayerLeaves> {
+        self.inner.layers()
     }
 
     fn prefill(
@@ -311,6 +321,10 @@ impl<D: Decoder> MemberOutputs for DecodeSpec<D> {
 
     fn member_bytes(&self) -> Option<usize> {
         self.decoder.member_bytes(&self.shape)
+    }
+
+    fn layers(&self) -> Option<LayerLeaves> {
+        self.decoder.layers()
     }
 
     fn outputs(

@@ -14,8 +14,9 @@ use crate::nn::{Act, Weight};
 use crate::prng::emit::Keys;
 
 use super::error::{invalid, EsError};
+use super::layers::{LayerDraw, LayerGroup};
 use super::layout::{Layout, ProgramArgs, ProgramResults};
-use super::model::{Leaf, Model, ModelParams};
+use super::model::{LayerLeaves, Leaf, Model, ModelParams};
 use super::precision;
 use super::settings::ShardedES;
 use super::sigma::{self, Emission, LeafScale, Perturb};
@@ -40,6 +41,14 @@ pub(super) fn directions(ids: &Value, p: i64) -> Result<(Value, Value), EsError>
     let odd = ids.and(&f.scalar(1u32)?)?.convert(DType::F32)?;
     let signs = f.scalar(1.0f32)?.sub(&odd.mul(&f.scalar(2.0f32)?)?)?;
     Ok((dirs, signs))
+}
+
+/// `values` summed over the devices (one all-reduce each) when `reduce`, else as they are.
+fn all_reduce_if(values: Vec<Value>, reduce: bool) -> Result<Vec<Value>, EsError> {
+    if !reduce {
+        return Ok(values);
+    }
+    values.iter().map(|v| Ok(v.all_reduce_sum()?)).collect()
 }
 
 /// Multiplies `x [c, ...]` by `s [c]` along dim 0.
@@ -132,6 +141,9 @@ pub(super) struct Emitter<'a> {
     /// contracts (one process's share of the population, [`super::processes`]; by default
     /// all `n` from 0).
     members: (usize, usize),
+    /// The model's layers, drawn in its loop over the layer index and contracted in a loop
+    /// of `tell`'s own ([`super::layers`]); `None`: every leaf on its own.
+    layers: Option<LayerGroup>,
 }
 
 impl<'a> Emitter<'a> {
@@ -150,7 +162,44 @@ impl<'a> Emitter<'a> {
             scales,
             active,
             members: (0, es.n),
+            layers: None,
         })
+    }
+
+    /// The same emitter for a model with these repeated `layers` ([`Model::layers`]): their
+    /// noise is drawn a layer at a time inside the model's loop and contracted in a loop
+    /// over the layers, the same values through a constant number of ops. Layers no one
+    /// loop body fits, and strategies that materialize their noise, stay leaf by leaf.
+    ///
+    /// So do layers whose matrices get dense (full-rank) noise: a dense draw's consumers
+    /// are compiled differently when it is drawn in a loop body (XLA:CPU fuses its
+    /// `materialize` into `tell`'s dot there, where the per-leaf program's dot reads the
+    /// noise `apply` kept), which moved some updated weights by 1 ulp on the 3-layer test
+    /// model under `seed_regenerated`. Low-rank layers give the per-leaf bits.
+    pub(super) fn with_layers(mut self, layers: Option<LayerLeaves>) -> Self {
+        let group = layers
+            .filter(|_| !self.es.strategy.materialized())
+            .and_then(|spec| {
+                LayerGroup::resolve(&spec, &self.layout.leaves, &self.scales, &self.active)
+            });
+        self.layers = group.filter(|group| {
+            noise_shapes(self.es.strategy.as_ref(), group.active0()).is_ok_and(|shapes| {
+                shapes
+                    .iter()
+                    .zip(group.active0())
+                    .all(|(values, leaf)| leaf.shape.len() < 2 || values.len() == 2)
+            })
+        });
+        self
+    }
+
+    /// Whether `apply` keeps its noise for `tell` ([`ShardedES::keeps_noise`]). Not with
+    /// a layer group: the layers' noise is drawn inside the model's loop, which carries
+    /// only the model's values, so `tell` regenerates it (the same values; XLA may round a
+    /// contraction of regenerated dense noise differently in the last bits than one of
+    /// kept noise, as it does for mirrored low rank on one device).
+    pub(super) fn keeps_noise(&self) -> bool {
+        self.layers.is_none() && self.es.keeps_noise(&self.active)
     }
 
     /// The same emitter over the `count` members from global id `offset` on.
@@ -266,10 +315,22 @@ impl<'a> Emitter<'a> {
         leaves: &[LeafInfo],
         noise: &[Noise],
         signs: &Value,
-    ) -> Result<ModelParams, EsError> {
+    ) -> Result<ModelParams<'static>, EsError> {
+        self.perturb_leaves(params, leaves, &self.scales, noise, signs)
+    }
+
+    /// [`Emitter::perturbed`] for any `leaves` with their `scales` (one per leaf).
+    fn perturb_leaves(
+        &self,
+        params: &[Value],
+        leaves: &[LeafInfo],
+        scales: &[LeafScale],
+        noise: &[Noise],
+        signs: &Value,
+    ) -> Result<ModelParams<'static>, EsError> {
         let f = signs.func();
         let p = self.es.strategy.pairing() as i64;
-        let sigs = Emission::new(&self.scales).perturb(signs)?;
+        let sigs = Emission::new(scales).perturb(signs)?;
         let mut noise = noise.iter();
         let mut out = Vec::with_capacity(leaves.len());
         for ((leaf, theta), how) in leaves.iter().zip(params).zip(sigs) {
@@ -403,6 +464,57 @@ impl<'a> Emitter<'a> {
         }
     }
 
+    /// Hands `model` the perturbed parameters of one member chunk (directions `dirs`,
+    /// members' `signs`; `streams` the active leaves' keys under `base`, `all` the
+    /// materialized noise and the chunk's first direction): every leaf's noise drawn here,
+    /// or with a layer group, the other leaves' drawn here and each layer's where the
+    /// model's loop reads it ([`ModelParams::layer_source`]). `model` also gets the noise
+    /// drawn here for every active leaf (empty with a layer group), for `apply` to keep.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn on_chunk<T>(
+        &self,
+        params: &[Value],
+        base: &Keys,
+        streams: &Keys,
+        dirs: &Value,
+        signs: &Value,
+        all: Option<(&[Noise], &Value)>,
+        model: impl FnOnce(&ModelParams, &[Noise]) -> Result<T, EsError>,
+    ) -> Result<T, EsError> {
+        let leaves = &self.layout.leaves[..];
+        let group = match (&self.layers, all) {
+            (Some(group), None) => group,
+            _ => {
+                let noise = self.chunk_noise(streams, &self.active, dirs, all)?;
+                return model(&self.perturbed(params, leaves, &noise, signs)?, &noise);
+            }
+        };
+        let rest: Vec<usize> = (0..leaves.len()).filter(|&p| !group.holds(p)).collect();
+        let rest_leaves: Vec<LeafInfo> = rest.iter().map(|&p| leaves[p].clone()).collect();
+        let rest_scales: Vec<LeafScale> = rest.iter().map(|&p| self.scales[p].clone()).collect();
+        let rest_params: Vec<Value> = rest.iter().map(|&p| params[p].clone()).collect();
+        let rest_active = sigma::active(&rest_leaves, &rest_scales);
+        let noise = if rest_active.is_empty() {
+            Vec::new()
+        } else {
+            let keys = base.fold_in(&sigma::leaf_ids(&dirs.func(), &rest_active)?)?;
+            self.chunk_noise(&keys, &rest_active, dirs, None)?
+        };
+        let mp = self.perturb_leaves(&rest_params, &rest_leaves, &rest_scales, &noise, signs)?;
+        let values = group.layer_values(params)?;
+        let draw = |i: &Value| -> Result<ModelParams<'static>, EsError> {
+            let bases = LayerGroup::select(&values, i)?;
+            let keys = group.streams(base, i)?;
+            let noise = self.chunk_noise(&keys, group.active0(), dirs, None)?;
+            self.perturb_leaves(&bases, group.leaves0(), group.scales0(), &noise, signs)
+        };
+        let source = LayerDraw {
+            draw: &draw,
+            members: Some(signs.shape()[0]),
+        };
+        model(&mp.with_layer_source(&source), &[])
+    }
+
     /// The noise `tell` regenerates under `how = A` ([`Strategy::noise_contracted`]): every
     /// device draws the whole population's, so the draw is most of `tell` and nothing shares
     /// it with `apply` (whose directions are the device's own). Dense noise is read once, by
@@ -480,15 +592,26 @@ impl<'a> Emitter<'a> {
                 let ids_c = ids.dynamic_slice(&[&start], &[c])?;
                 let (dirs, signs) = directions(&ids_c, p)?;
                 let dstart = i.mul(&f.scalar((c / p) as i32)?)?;
-                let noise = self.chunk_noise(
+                let kept_here = !shapes.is_empty();
+                let (fit, noise) = self.on_chunk(
+                    params,
+                    &base,
                     &streams,
-                    leaves,
                     &dirs,
+                    &signs,
                     all.as_deref().map(|n| (n, &dstart)),
+                    |mp, noise| {
+                        let fit = self.chunk_fitness(model.loss(mp, batch)?, c, tasks)?;
+                        Ok((
+                            fit,
+                            if kept_here {
+                                noise.to_vec()
+                            } else {
+                                Vec::new()
+                            },
+                        ))
+                    },
                 )?;
-                let mp = self.perturbed(params, &self.layout.leaves, &noise, &signs)?;
-                let loss = model.loss(&mp, batch)?;
-                let fit = self.chunk_fitness(loss, c, tasks)?;
                 let zero = f.scalar(0i32)?;
                 let starts: Vec<&Value> = if tasks > 1 {
                     vec![&start, &zero]
@@ -519,7 +642,8 @@ impl<'a> Emitter<'a> {
     }
 
     /// `tell`'s contraction `u_j = Σ_i w_i s_i ε_j(i)` over the given members (local ids
-    /// for `B`, all ids for `A`). Runs inside the manual computation.
+    /// for `B`, all ids for `A`), with `reduce` summed over the devices (an all-reduce).
+    /// Runs inside the manual computation.
     fn contract_local(
         &self,
         ids: &Value,
@@ -527,8 +651,8 @@ impl<'a> Emitter<'a> {
         base_key: &Value,
         leaves: &[LeafInfo],
         kept: Option<Vec<Noise>>,
+        reduce: bool,
     ) -> Result<Vec<Value>, EsError> {
-        let f = ids.func();
         let count = ids.shape()[0];
         let p = self.es.strategy.pairing() as i64;
         let (dirs_all, signs) = directions(ids, p)?;
@@ -536,6 +660,41 @@ impl<'a> Emitter<'a> {
         if p > 1 {
             coef = coef.reshape(&[count / p, p])?.reduce_sum(&[1])?;
         }
+        let cd = self
+            .es
+            .tell_chunk_after(leaves, (count / p) as usize, Some(self.chunk))
+            as i64;
+        let base = Keys::from_data(base_key)?;
+        // `with_layers` made no group for a strategy that materializes its noise.
+        if let (Some(group), None) = (&self.layers, &kept) {
+            if leaves.len() == self.active.len() {
+                return self.contract_layered(group, &base, &dirs_all, &coef, cd, reduce);
+            }
+        }
+        let streams = self.streams(&base)?;
+        let all = if kept.is_some() {
+            kept
+        } else if self.es.strategy.materialized() {
+            Some(self.chunk_noise(&streams, leaves, &dirs_all, None)?)
+        } else {
+            None
+        };
+        let u = self.contract_chunks(&streams, leaves, &dirs_all, &coef, cd, all.as_deref())?;
+        all_reduce_if(u, reduce)
+    }
+
+    /// `Σ_i k_i ε_j(dirs_i)` per leaf `j` of `leaves` (keys `streams`), `cd` directions at a
+    /// time in a loop; the noise regenerated or, from `all`, sliced.
+    fn contract_chunks(
+        &self,
+        streams: &Keys,
+        leaves: &[LeafInfo],
+        dirs_all: &Value,
+        coef: &Value,
+        cd: i64,
+        all: Option<&[Noise]>,
+    ) -> Result<Vec<Value>, EsError> {
+        let f = dirs_all.func();
         // Σ_d k_d ε_d for a block of directions, per leaf.
         let contract = |noise: &[Noise], k: &Value| -> Result<Vec<Value>, EsError> {
             noise
@@ -556,26 +715,13 @@ impl<'a> Emitter<'a> {
                 })
                 .collect()
         };
-        let cd = self
-            .es
-            .tell_chunk_after(leaves, (count / p) as usize, Some(self.chunk))
-            as i64;
-        let base = Keys::from_data(base_key)?;
-        let streams = self.streams(&base)?;
-        let all = if kept.is_some() {
-            kept
-        } else if self.es.strategy.materialized() {
-            Some(self.chunk_noise(&streams, leaves, &dirs_all, None)?)
-        } else {
-            None
-        };
         let inits: Vec<Value> = leaves
             .iter()
             .map(|l| f.full(0.0f32, &l.shape))
             .collect::<Result<_, _>>()?;
         let init_refs: Vec<&Value> = inits.iter().collect();
-        let steps = (count / p / cd) as i32;
-        let out = f.fori_loop(
+        let steps = (dirs_all.shape()[0] / cd) as i32;
+        f.fori_loop(
             0,
             steps,
             &init_refs,
@@ -583,14 +729,9 @@ impl<'a> Emitter<'a> {
                 let start = i.mul(&f.scalar(cd as i32)?)?;
                 let dirs = dirs_all.dynamic_slice(&[&start], &[cd])?;
                 let k = coef.dynamic_slice(&[&start], &[cd])?;
-                let noise = match (&all, self.es.how) {
-                    (None, How::A) => self.contracted_noise(&streams, leaves, &dirs)?,
-                    _ => self.chunk_noise(
-                        &streams,
-                        leaves,
-                        &dirs,
-                        all.as_deref().map(|n| (n, &start)),
-                    )?,
+                let noise = match (all, self.es.how) {
+                    (None, How::A) => self.contracted_noise(streams, leaves, &dirs)?,
+                    _ => self.chunk_noise(streams, leaves, &dirs, all.map(|n| (n, &start)))?,
                 };
                 contract(&noise, &k)?
                     .iter()
@@ -598,8 +739,87 @@ impl<'a> Emitter<'a> {
                     .map(|(term, u)| Ok(u.add(term)?))
                     .collect()
             },
-        );
-        out
+        )
+    }
+
+    /// [`Emitter::contract_chunks`] of every active leaf with a layer group: the leaves
+    /// outside the layers as one contraction, the layers' in a loop over the layer index
+    /// (each layer's sums written into `[L, …]` stacks, with `reduce` summed over the
+    /// devices as stacks, then cut per leaf). Each leaf's sum adds the same terms in the
+    /// same order as on its own, and an all-reduce sums elementwise, so a stack's gives
+    /// each leaf's bits.
+    fn contract_layered(
+        &self,
+        group: &LayerGroup,
+        base: &Keys,
+        dirs_all: &Value,
+        coef: &Value,
+        cd: i64,
+        reduce: bool,
+    ) -> Result<Vec<Value>, EsError> {
+        let f = dirs_all.func();
+        let active = &self.active;
+        let mut out: Vec<Option<Value>> = vec![None; active.len()];
+        let in_layers: Vec<usize> = group.active_positions().iter().flatten().copied().collect();
+        let rest_pos: Vec<usize> = (0..active.len())
+            .filter(|p| !in_layers.contains(p))
+            .collect();
+        if !rest_pos.is_empty() {
+            let rest: Vec<LeafInfo> = rest_pos.iter().map(|&p| active[p].clone()).collect();
+            let keys = base.fold_in(&sigma::leaf_ids(&f, &rest)?)?;
+            let u = self.contract_chunks(&keys, &rest, dirs_all, coef, cd, None)?;
+            for (&p, u) in rest_pos.iter().zip(all_reduce_if(u, reduce)?) {
+                out[p] = Some(u);
+            }
+        }
+        let a0 = group.active0();
+        let layers = group.count() as i64;
+        let inits: Vec<Value> = a0
+            .iter()
+            .map(|l| {
+                let mut shape = vec![layers];
+                shape.extend_from_slice(&l.shape);
+                f.full(0.0f32, &shape)
+            })
+            .collect::<Result<_, _>>()?;
+        let init_refs: Vec<&Value> = inits.iter().collect();
+        let hi = i32::try_from(layers).map_err(|_| {
+            invalid(
+                format!("{layers} layers do not fit an i32 loop index"),
+                "use fewer layers".into(),
+            )
+        })?;
+        let stacks = f.fori_loop(0, hi, &init_refs, |l, acc| -> Result<Vec<Value>, EsError> {
+            let keys = group.streams(base, l)?;
+            let u = self.contract_chunks(&keys, a0, dirs_all, coef, cd, None)?;
+            let zero = f.scalar(0i32)?;
+            acc.iter()
+                .zip(u)
+                .map(|(stack, u)| {
+                    let mut shape = vec![1];
+                    shape.extend_from_slice(u.shape());
+                    let mut at = vec![l.clone()];
+                    at.resize(shape.len(), zero.clone());
+                    let at: Vec<&Value> = at.iter().collect();
+                    Ok(stack.dynamic_update_slice(&u.reshape(&shape)?, &at)?)
+                })
+                .collect()
+        })?;
+        let stacks = all_reduce_if(stacks, reduce)?;
+        for (l, row) in group.active_positions().iter().enumerate() {
+            let l = l as i64;
+            for ((&p, stack), leaf) in row.iter().zip(&stacks).zip(a0) {
+                out[p] = Some(stack.slice_in_dim(l, l + 1, 0)?.reshape(&leaf.shape)?);
+            }
+        }
+        out.into_iter()
+            .collect::<Option<Vec<Value>>>()
+            .ok_or_else(|| {
+                invalid(
+                    "a leaf that gets noise was left out of tell's contraction".into(),
+                    "report this: the layer group lost track of a leaf".into(),
+                )
+            })
     }
 
     /// `ask`: the generation's base key `fold_in(key, generation)` (as u32[2]) and the
@@ -729,11 +949,7 @@ impl<'a> Emitter<'a> {
             &out_sh,
             |loc| -> Result<Vec<Value>, EsError> {
                 let kept = (!ranks.is_empty()).then(|| noise_from_values(&loc[3..], &ranks));
-                let u = self.contract_local(&loc[0], &loc[1], &loc[2], &self.active, kept)?;
-                match how {
-                    How::B => u.iter().map(|v| Ok(v.all_reduce_sum()?)).collect(),
-                    How::A => Ok(u),
-                }
+                self.contract_local(&loc[0], &loc[1], &loc[2], &self.active, kept, how == How::B)
             },
         )
     }
@@ -755,7 +971,7 @@ impl<'a> Emitter<'a> {
         opt: &[Value],
     ) -> Result<Vec<Value>, EsError> {
         let (base_key, next) = self.ask(key, generation)?;
-        let keep = self.es.keeps_noise(&self.active);
+        let keep = self.keeps_noise();
         let (fitness, kept) = self.apply(model, &base_key, params, batch, keep)?;
         let weights = self.shape_fitness(&fitness)?;
         let (mut out, opt) = self.tell(&base_key, params, &weights, kept, opt)?;

@@ -25,6 +25,7 @@
 pub mod coupling;
 pub mod error;
 mod generation;
+mod layers;
 pub mod layout;
 mod leaf_sigma;
 pub mod model;
@@ -42,7 +43,9 @@ pub mod strategy;
 pub use coupling::{Coupling, COUPLING_NAMES};
 pub use error::EsError;
 pub use layout::{Layout, ProgramArgs, ProgramKind, ProgramResults};
-pub use model::{check_model, leaf_infos, Access, Finding, Model, ModelParams};
+pub use model::{
+    check_model, leaf_infos, Access, Finding, LayerLeaves, LayerSource, Model, ModelParams,
+};
 pub use optimizer::{Optimizer, OptimizerKind, OptimizerName, OptimizerSpec, OPTIMIZER_NAMES};
 pub use outputs::{AsModel, MemberInfo, MemberOutputs, WithTasks, SAMPLE_TAG};
 pub use precision::{ComputeDtype, COMPUTE_DTYPE_NAMES};

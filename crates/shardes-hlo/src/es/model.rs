@@ -35,6 +35,43 @@ pub trait Model {
     fn member_bytes(&self) -> Option<usize> {
         None
     }
+
+    /// The model's repeated layers, when it reads them through
+    /// [`ModelParams::layer_source`] inside a loop over the layer index. The ES programs
+    /// then draw and scale a layer's noise inside that loop (and contract it in a loop of
+    /// their own), so a layer adds no ops to the program. `None` (the default): every
+    /// leaf is drawn on its own.
+    fn layers(&self) -> Option<LayerLeaves> {
+        None
+    }
+}
+
+/// A model's repeated layers: leaf `name` of layer `l` is `{prefix}{l}.{name}`, for `l` in
+/// `0..count` (Hugging Face's `model.layers.{l}.…`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LayerLeaves {
+    /// The path before the layer index, e.g. `model.layers.`.
+    pub prefix: String,
+    /// The number of layers.
+    pub count: usize,
+    /// Every leaf of one layer, by its path after `{prefix}{l}.`.
+    pub names: Vec<String>,
+}
+
+impl LayerLeaves {
+    /// The path of leaf `name` of layer `l`.
+    pub fn path(&self, l: usize, name: &str) -> String {
+        format!("{}{l}.{name}", self.prefix)
+    }
+}
+
+/// Where a model loop reads one layer's leaves from, by a layer index the loop traces.
+pub trait LayerSource {
+    /// Layer `i`'s leaves (`i` an i32 scalar, traced or constant), named as layer 0's.
+    fn layer(&self, i: &Value) -> Result<ModelParams<'static>, EsError>;
+
+    /// The members the layers' perturbed leaves are held with (`None`: all shared).
+    fn members(&self) -> Option<i64>;
 }
 
 /// How a model read a leaf (for [`check_model`]).
@@ -55,19 +92,36 @@ pub(crate) enum Leaf {
 }
 
 /// The parameters as a model sees them for one member chunk.
-pub struct ModelParams {
+pub struct ModelParams<'a> {
     leaves: BTreeMap<String, Leaf>,
     access: RefCell<BTreeMap<String, Vec<Access>>>,
     dtype: DType,
+    layers: Option<&'a dyn LayerSource>,
 }
 
-impl ModelParams {
+impl<'a> ModelParams<'a> {
     pub(crate) fn new(leaves: Vec<(String, Leaf)>) -> Self {
         ModelParams {
             leaves: leaves.into_iter().collect(),
             access: RefCell::new(BTreeMap::new()),
             dtype: DType::F32,
+            layers: None,
         }
+    }
+
+    /// These parameters with the layers of [`Model::layers`] read from `source` (they
+    /// are not among the leaves).
+    pub(crate) fn with_layer_source(self, source: &'a dyn LayerSource) -> ModelParams<'a> {
+        ModelParams {
+            layers: Some(source),
+            ..self
+        }
+    }
+
+    /// Where the model's layers come from when the ES program hands them over one layer
+    /// at a time ([`Model::layers`]); `None` when every leaf is among these parameters.
+    pub fn layer_source(&self) -> Option<&'a dyn LayerSource> {
+        self.layers
     }
 
     /// Every leaf converted to `dtype` (the ES's compute dtype, [`crate::es::precision`]):
@@ -94,6 +148,7 @@ impl ModelParams {
             leaves,
             access: self.access,
             dtype,
+            layers: self.layers,
         })
     }
 

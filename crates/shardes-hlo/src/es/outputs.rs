@@ -25,7 +25,7 @@ use crate::prng::emit::Keys;
 use super::error::{invalid, EsError};
 use super::generation::{directions, Emitter};
 use super::layout::{check_leaves, Layout, ProgramArgs, ProgramKind};
-use super::model::{Model, ModelParams};
+use super::model::{LayerLeaves, Model, ModelParams};
 use super::processes::Part;
 use super::program::Program;
 use super::settings::ShardedES;
@@ -87,6 +87,13 @@ pub trait MemberOutputs {
     fn tasks(&self) -> usize {
         1
     }
+
+    /// The model's repeated layers, when it reads them in a loop over the layer index
+    /// ([`Model::layers`]), for the tell program paired with the outputs program (the
+    /// outputs program itself draws every leaf's noise once per chunk).
+    fn layers(&self) -> Option<LayerLeaves> {
+        None
+    }
 }
 
 /// `model` with `tasks` fitness columns per member for its tell program (the outputs are
@@ -118,6 +125,10 @@ impl MemberOutputs for WithTasks<'_> {
     fn tasks(&self) -> usize {
         self.1
     }
+
+    fn layers(&self) -> Option<LayerLeaves> {
+        self.0.layers()
+    }
 }
 
 /// A [`MemberOutputs`] seen as a [`Model`] with its inputs as the batch and its member
@@ -146,6 +157,10 @@ impl Model for AsModel<'_> {
 
     fn tasks(&self) -> usize {
         self.0.tasks()
+    }
+
+    fn layers(&self) -> Option<LayerLeaves> {
+        self.0.layers()
     }
 }
 
@@ -231,6 +246,10 @@ impl ShardedES {
         let mut module = Module::with_mesh(name, Mesh::pop(devices as i64)?);
         let f = module.func("main");
         let args = layout.declare(&f)?;
+        // No layer group here: a decoder reads its layers once per generated token, so
+        // noise drawn inside its layer loop would be drawn again for every token. Each
+        // leaf's noise is drawn once per chunk, before the decoding (its tell program still
+        // contracts the layers in a loop: `AsModel` hands it `MemberOutputs::layers`).
         let emitter =
             Emitter::new(self, &layout, chunk)?.with_members(members.start, members.len());
         let outs = OutputsEmitter {
@@ -331,32 +350,37 @@ impl OutputsEmitter<'_> {
             |i, carried| -> Result<Vec<Value>, EsError> {
                 let start = i.mul(&f.scalar(c as i32)?)?;
                 let ids_c = ids.dynamic_slice(&[&start], &[c])?;
-                let mp = if self.perturbed {
+                // Emitted after the parameters, as it always was.
+                let info = || -> Result<MemberInfo, EsError> {
+                    Ok(MemberInfo {
+                        keys: sample.fold_in(&ids_c)?,
+                        ids: ids_c.clone(),
+                        perturbed: self.perturbed,
+                    })
+                };
+                let outs = if self.perturbed {
                     let (dirs, signs) = directions(&ids_c, p)?;
                     let dstart = i.mul(&f.scalar((c / p) as i32)?)?;
-                    let noise = self.emitter.chunk_noise(
+                    self.emitter.on_chunk(
+                        params,
+                        &base,
                         &streams,
-                        active,
                         &dirs,
+                        &signs,
                         all.as_deref().map(|n| (n, &dstart)),
-                    )?;
-                    self.emitter.perturbed(params, leaves, &noise, &signs)?
+                        |mp, _| model.outputs(mp, inputs, &info()?),
+                    )?
                 } else {
-                    ModelParams::plain(
+                    let mp = ModelParams::plain(
                         leaves
                             .iter()
                             .zip(params)
                             .map(|(l, v)| (l.path.clone(), v.clone()))
                             .collect(),
                     )
-                    .with_compute_dtype(self.es.compute_dtype())?
+                    .with_compute_dtype(self.es.compute_dtype())?;
+                    model.outputs(&mp, inputs, &info()?)?
                 };
-                let info = MemberInfo {
-                    keys: sample.fold_in(&ids_c)?,
-                    ids: ids_c,
-                    perturbed: self.perturbed,
-                };
-                let outs = model.outputs(&mp, inputs, &info)?;
                 if outs.len() != types.len() {
                     return Err(invalid(
                         format!(

@@ -148,6 +148,7 @@ impl ShardedES {
         build_on("ask_apply", devices, layout, |_, layout, args| {
             Emitter::new(self, layout, chunk)?
                 .with_members(members.start, members.len())
+                .with_layers(model.layers())
                 .ask_apply(model, args)
         })
     }
@@ -181,12 +182,14 @@ impl ShardedES {
         if part.processes == 1 || self.how == How::A {
             // Every device contracts every member: one process's program, the same bits.
             return build_on("tell", devices, layout, |_, layout, args| {
-                Emitter::new(self, layout, chunk)?.tell_host(args)
+                Emitter::new(self, layout, chunk)?
+                    .with_layers(model.layers())
+                    .tell_host(args)
             });
         }
         build_on("tell", devices, layout, |f, layout, args| {
             let fitness = fitness_arg(args, "tell")?;
-            let emitter = Emitter::new(self, layout, chunk)?;
+            let emitter = Emitter::new(self, layout, chunk)?.with_layers(model.layers());
             let (base_key, next) = emitter.ask(&args.key, &args.generation)?;
             let weights = emitter.shape_fitness(fitness)?;
             let rows = emitter.partials(&base_key, &weights, part.processes)?;
@@ -234,8 +237,9 @@ impl ShardedES {
         .with_sums(&active);
         build_on("partial", devices, layout, |_, layout, args| {
             let fitness = fitness_arg(args, "partial")?;
-            let emitter =
-                Emitter::new(self, layout, chunk)?.with_members(members.start, members.len());
+            let emitter = Emitter::new(self, layout, chunk)?
+                .with_members(members.start, members.len())
+                .with_layers(model.layers());
             let (base_key, _) = emitter.ask(&args.key, &args.generation)?;
             let weights = emitter.shape_fitness(fitness)?.slice_in_dim(
                 members.start as i64,

@@ -76,7 +76,9 @@ impl ShardedES {
         let chunk = self.member_chunk_for(model)?;
         let layout = self.layout_for(ProgramKind::Generation, model, leaves)?;
         self.build("generation", layout, |_, layout, args| {
-            Emitter::new(self, layout, chunk)?.generations(model, args, steps)
+            Emitter::new(self, layout, chunk)?
+                .with_layers(model.layers())
+                .generations(model, args, steps)
         })
     }
 
@@ -92,7 +94,9 @@ impl ShardedES {
         let chunk = self.member_chunk_for(model)?;
         let layout = self.layout_for(ProgramKind::AskApply, model, leaves)?;
         self.build("ask_apply", layout, |_, layout, args| {
-            Emitter::new(self, layout, chunk)?.ask_apply(model, args)
+            Emitter::new(self, layout, chunk)?
+                .with_layers(model.layers())
+                .ask_apply(model, args)
         })
     }
 
@@ -119,7 +123,9 @@ impl ShardedES {
         )
         .with_opt_state(self.optimizer.state_types(leaves));
         self.build("tell", layout, |_, layout, args| {
-            Emitter::new(self, layout, chunk)?.tell_host(args)
+            Emitter::new(self, layout, chunk)?
+                .with_layers(model.layers())
+                .tell_host(args)
         })
     }
 

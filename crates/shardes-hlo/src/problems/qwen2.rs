@@ -302,9 +302,12 @@ pub struct Qwen2 {
 /// default so that existing runs reproduce bit for bit.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Layers {
-    /// One `while` over the layer index; each iteration selects its layer's leaves (the
-    /// parameters and their noise, kept per layer as in the tree) with a `case` on the
-    /// index, so nothing is stacked or copied up front.
+    /// One `while` over the layer index; each iteration selects its layer's leaves (kept
+    /// per layer as in the tree) with a `case` on the index, so nothing is stacked or
+    /// copied up front. Under low-rank strategies the ES programs also draw and contract
+    /// each layer's noise in loops over the layer index ([`crate::es::Model::layers`]), so
+    /// the generation's compile time is nearly flat in depth; each member chunk copies
+    /// each layer's weights once (docs/performance.md, "Qwen2 layers as a loop").
     Loop,
     /// Every layer's ops emitted one after the other (compile time grows with depth).
     #[default]
@@ -698,6 +701,10 @@ impl Model for Qwen2 {
         Self::nll(&logits, targets, mask)
     }
 
+    fn layers(&self) -> Option<crate::es::LayerLeaves> {
+        self.layer_leaves()
+    }
+
     /// The widest activation per token is the hidden state, the MLP's intermediate or the
     /// logits, counted at 4 bytes (the logits and the loss are f32 in either dtype).
     fn member_bytes(&self) -> Option<usize> {
@@ -717,7 +724,7 @@ impl Model for Qwen2 {
 // Stand-alone programs: logits and greedy decoding (unperturbed parameters)
 // ---------------------------------------------------------------------------------------
 
-fn plain_params(f: &Func, tree: &ParamTree) -> Result<(ModelParams, usize), EsError> {
+fn plain_params(f: &Func, tree: &ParamTree) -> Result<(ModelParams<'static>, usize), EsError> {
     let mut leaves = Vec::new();
     for (path, a) in tree.leaves() {
         let shape: Vec<i64> = a.shape().iter().map(|&d| d as i64).collect();

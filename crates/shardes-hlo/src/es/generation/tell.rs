@@ -51,6 +51,7 @@ impl Emitter<'_> {
                         key,
                         leaves,
                         None,
+                        false,
                     )?;
                     for ((row, v), l) in rows.iter_mut().zip(u).zip(leaves) {
                         let mut shape = vec![1];

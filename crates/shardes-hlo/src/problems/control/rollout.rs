@@ -10,7 +10,10 @@ use super::policy::Policy;
 use super::Control;
 
 /// Declares one f32 argument per leaf, named by its path.
-fn declare_leaves(f: &crate::builder::Func, leaves: &[LeafInfo]) -> Result<ModelParams, EsError> {
+fn declare_leaves(
+    f: &crate::builder::Func,
+    leaves: &[LeafInfo],
+) -> Result<ModelParams<'static>, EsError> {
     let mut values = Vec::with_capacity(leaves.len());
     for l in leaves {
         values.push((l.path.clone(), f.arg(&l.path, TensorType::f32(&l.shape))?));

@@ -290,6 +290,10 @@ impl Decoder for Qwen2 {
         self.config.vocab_size as i64
     }
 
+    fn layers(&self) -> Option<crate::es::LayerLeaves> {
+        self.layer_leaves()
+    }
+
     fn prefill(
         &self,
         p: &ModelParams,

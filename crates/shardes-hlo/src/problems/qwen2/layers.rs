@@ -19,7 +19,7 @@
 
 use crate::builder::{TensorType, Value};
 use crate::es::model::Leaf;
-use crate::es::{EsError, ModelParams};
+use crate::es::{EsError, LayerLeaves, LayerSource, ModelParams};
 use crate::nn::{Act, Weight};
 
 use super::{rewrap, Qwen2};
@@ -51,15 +51,33 @@ enum Kind {
     PerMember,
 }
 
+/// Where the loop reads its layers: the parameters' own per-layer leaves, or the ES
+/// program's [`LayerSource`], which draws each layer's noise inside the loop.
+pub(super) enum LayerStack<'p> {
+    /// Built from the parameters' leaves.
+    Built(Stacked),
+    /// Handed over by the parameters ([`ModelParams::layer_source`]).
+    Given(&'p dyn LayerSource),
+}
+
+impl LayerStack<'_> {
+    fn source(&self) -> &dyn LayerSource {
+        match self {
+            LayerStack::Built(s) => s,
+            LayerStack::Given(g) => *g,
+        }
+    }
+}
+
 /// Every layer's leaves as flat values, all layers of one kind and type.
-pub(super) struct LayerStack {
+pub(super) struct Stacked {
     kinds: Vec<Kind>,
     types: Vec<TensorType>,
     layers: Vec<Vec<Value>>,
     members: Option<i64>,
 }
 
-impl LayerStack {
+impl Stacked {
     /// Reads layer `l`'s leaves (recording the reads as the unrolled program does).
     fn read(p: &ModelParams, l: usize) -> Result<(Vec<Kind>, Vec<Value>), EsError> {
         let mut kinds = Vec::with_capacity(LEAVES.len());
@@ -108,7 +126,7 @@ impl LayerStack {
             all.push(vals);
         }
         let members = member_count(&kinds, &all[0]);
-        Ok(Some(LayerStack {
+        Ok(Some(Stacked {
             kinds,
             types,
             layers: all,
@@ -117,7 +135,7 @@ impl LayerStack {
     }
 
     /// Layer `i`'s leaves (`i` an i32 scalar), named as layer 0's.
-    fn select(&self, i: &Value) -> Result<ModelParams, EsError> {
+    fn select(&self, i: &Value) -> Result<ModelParams<'static>, EsError> {
         let f = i.func();
         let branches: Vec<_> = self
             .layers
@@ -129,7 +147,7 @@ impl LayerStack {
     }
 
     /// The leaves of one layer from its flat values, under layer 0's names.
-    fn params(&self, vals: &[Value]) -> Result<ModelParams, EsError> {
+    fn params(&self, vals: &[Value]) -> Result<ModelParams<'static>, EsError> {
         let mut it = vals.iter().cloned();
         let mut next = || {
             it.next().ok_or_else(|| EsError::Invalid {
@@ -154,6 +172,16 @@ impl LayerStack {
             leaves.push((format!("model.layers.0.{name}"), leaf));
         }
         Ok(ModelParams::new(leaves))
+    }
+}
+
+impl LayerSource for Stacked {
+    fn layer(&self, i: &Value) -> Result<ModelParams<'static>, EsError> {
+        self.select(i)
+    }
+
+    fn members(&self) -> Option<i64> {
+        self.members
     }
 }
 
@@ -232,18 +260,34 @@ pub(super) type Body<'a> =
     dyn Fn(&ModelParams, usize, &Value, &Act, Vec<Act>) -> Result<(Act, Vec<Act>), EsError> + 'a;
 
 impl Qwen2 {
+    /// The decoder layers' leaves, for the ES programs to draw a layer at a time
+    /// ([`crate::es::Model::layers`]), when the layers are a loop.
+    pub(super) fn layer_leaves(&self) -> Option<LayerLeaves> {
+        (self.layers == super::Layers::Loop).then(|| LayerLeaves {
+            prefix: "model.layers.".into(),
+            count: self.config.num_hidden_layers,
+            names: LEAVES.iter().map(|(name, _)| name.to_string()).collect(),
+        })
+    }
+
     /// The layers to loop over, or `None` when they are emitted unrolled (as configured,
     /// or because their leaves differ in kind).
-    pub(super) fn layer_stack(&self, p: &ModelParams) -> Result<Option<LayerStack>, EsError> {
-        match self.layers {
-            super::Layers::Unrolled => Ok(None),
-            super::Layers::Loop => LayerStack::new(p, self.config.num_hidden_layers),
+    pub(super) fn layer_stack<'p>(
+        &self,
+        p: &ModelParams<'p>,
+    ) -> Result<Option<LayerStack<'p>>, EsError> {
+        match (self.layers, p.layer_source()) {
+            (super::Layers::Unrolled, _) => Ok(None),
+            (super::Layers::Loop, Some(source)) => Ok(Some(LayerStack::Given(source))),
+            (super::Layers::Loop, None) => {
+                Ok(Stacked::new(p, self.config.num_hidden_layers)?.map(LayerStack::Built))
+            }
         }
     }
 
     /// The members the loop's carry is held with: those of `x`, or of the layers' leaves.
     pub(super) fn loop_members(stack: &LayerStack, x: &Act) -> Option<i64> {
-        x.members().or(stack.members)
+        x.members().or(stack.source().members())
     }
 
     /// Runs every layer through `body` as one `while` over the layer index (layer 0 first,
@@ -260,9 +304,12 @@ impl Qwen2 {
         let f = x.value().func();
         let layers = self.config.num_hidden_layers;
         let (mut x, mut state, mut from) = (x, state, 0usize);
-        if x.members().is_none() && stack.members.is_some() {
+        if x.members().is_none() && stack.source().members().is_some() {
             let zero = f.scalar(0i32)?;
-            (x, state) = body(p, 0, &zero, &x, state)?;
+            (x, state) = match stack {
+                LayerStack::Built(_) => body(p, 0, &zero, &x, state)?,
+                LayerStack::Given(source) => body(&source.layer(&zero)?, 0, &zero, &x, state)?,
+            };
             from = 1;
         }
         if from >= layers {
@@ -277,7 +324,7 @@ impl Qwen2 {
             fix: "use fewer layers".into(),
         })?;
         let out = f.fori_loop(from as i32, hi, &init, |i, carry| {
-            let lp = stack.select(i)?;
+            let lp = stack.source().layer(i)?;
             let x = wrap(&carry[0], xm)?;
             let st = carry[1..]
                 .iter()
