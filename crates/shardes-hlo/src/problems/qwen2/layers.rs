@@ -1,12 +1,14 @@
 //! The decoder layers as one `while` over the layer index ([`super::Layers::Loop`]).
 //!
 //! The tree keeps Hugging Face's per-layer leaves (`model.layers.{l}.…`), and so does the
-//! program: each leaf stays its own argument, and its noise is drawn where the ES program
-//! draws it today, leaf by leaf with the leaf's own index and stream, so every value is
-//! bit-for-bit the unrolled program's. Inside the loop a `stablehlo.case` on the layer
-//! index hands the body that layer's leaves (base weights, low-rank factors and scales,
-//! perturbed 1-D leaves), which the body reads through the seams exactly as layer 0 of
-//! the unrolled program would. Nothing is stacked up front: a stacked copy of the layer
+//! program: each leaf stays its own argument with its own index and noise stream. The
+//! loop reads layer `i` from a [`LayerStack`]: either the parameters' own leaves, a
+//! `stablehlo.case` on the layer index handing the body that layer's values (base
+//! weights, low-rank factors and scales, perturbed 1-D leaves), or the ES program's
+//! [`LayerSource`], which selects the base weights with a `case` and draws the layer's
+//! noise inside the loop body (low-rank strategies, [`crate::es::Model::layers`]). Either
+//! way the body reads them through the seams exactly as layer 0 of the unrolled program
+//! would. Nothing is stacked up front: a stacked copy of the layer
 //! weights would cost their size again in device memory every generation, while the
 //! `case` copies one layer's leaves at a time (the same traffic as a `dynamic_slice` of a
 //! stacked array). Only the KV cache, which the loop writes, is stacked (`[L, …]`).
