@@ -13,7 +13,7 @@ mod support;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
-use shardes::decode::{load_qwen2, Bounded, DecodeConfig, DecodeError, Sampling};
+use shardes::decode::{load_qwen2, Bounded, DecodeConfig, DecodeError, Decoded, Sampling};
 use shardes::hlo::builder::DType;
 use shardes::hlo::es::strategy::from_spec;
 use shardes::hlo::es::ShardedES;
@@ -227,51 +227,64 @@ fn greedy_decoding_of_the_fixture_equals_transformers_generate() {
     assert!(e.to_string().contains("more than the model's 64"), "{e}");
 }
 
+/// The population's tokens sampled at `generation` on `devices` devices.
+fn sampled(client: &Client, generation: u32, sampling: Sampling, devices: usize) -> Decoded {
+    let (cfg, tree) = model();
+    let config = DecodeConfig {
+        sampling,
+        ..DecodeConfig::greedy(3, 6, 6)
+    };
+    let m = Qwen2::new(cfg.clone(), 3, 6);
+    PopulationDecoder::with_state(
+        client,
+        &es(devices),
+        m,
+        &tree,
+        key(3).unwrap(),
+        generation,
+        config,
+    )
+    .unwrap()
+    .decode(&prompts())
+    .unwrap()
+}
+
+const HOT: Sampling = Sampling::Sample {
+    temperature: 1.5,
+    top_p: 0.9,
+};
+
 #[test]
 fn sampling_is_reproducible_from_the_key_and_generation() {
     let client = Client::cpu(8).unwrap();
-    let (cfg, tree) = model();
-    let sampled = |generation: u32, sampling: Sampling, devices: usize| {
-        let config = DecodeConfig {
-            sampling,
-            ..DecodeConfig::greedy(3, 6, 6)
-        };
-        let m = Qwen2::new(cfg.clone(), 3, 6);
-        PopulationDecoder::with_state(
-            &client,
-            &es(devices),
-            m,
-            &tree,
-            key(3).unwrap(),
-            generation,
-            config,
-        )
-        .unwrap()
-        .decode(&prompts())
-        .unwrap()
-    };
-    let hot = Sampling::Sample {
-        temperature: 1.5,
-        top_p: 0.9,
-    };
-    let a = sampled(4, hot, 8);
+    let a = sampled(&client, 4, HOT, 8);
     assert_eq!(
         a,
-        sampled(4, hot, 8),
+        sampled(&client, 4, HOT, 8),
         "same key and generation: same tokens"
     );
-    assert_eq!(a, sampled(4, hot, 1), "device-count invariant");
+    assert_eq!(a, sampled(&client, 4, HOT, 1), "device-count invariant");
     assert_ne!(
         a,
-        sampled(5, hot, 8),
+        sampled(&client, 5, HOT, 8),
         "another generation draws other tokens"
     );
+}
+
+// Two more decoders to compile (about 20 s here): the slow tier.
+#[test]
+#[ignore = "slow tier"]
+fn slow_a_vanishing_nucleus_samples_as_greedy() {
+    let client = Client::cpu(8).unwrap();
     // A vanishing nucleus keeps the argmax alone: greedy.
     let narrow = Sampling::Sample {
         temperature: 1.0,
         top_p: 1e-6,
     };
-    assert_eq!(sampled(4, narrow, 8), sampled(4, Sampling::Greedy, 8));
+    assert_eq!(
+        sampled(&client, 4, narrow, 8),
+        sampled(&client, 4, Sampling::Greedy, 8)
+    );
 }
 
 #[test]

@@ -443,12 +443,22 @@ fn separable_low_rank_never_forms_a_member_by_matrix_value() {
 
 #[test]
 fn a_frozen_leaf_is_plain_and_keeps_every_other_leafs_noise() {
+    frozen_leaves_under(&["mirrored(lowrank(r=1))", "seed_regenerated(chunk=4)"]);
+}
+
+// Rank 2 as well: six more programs to compile (about 15 s here), in the slow tier.
+#[test]
+#[ignore = "slow tier"]
+fn slow_a_frozen_leaf_under_rank_2_is_plain_and_keeps_every_other_leafs_noise() {
+    frozen_leaves_under(&["lowrank(r=2)"]);
+}
+
+/// Frozen leaves under each of `strategies`: plain in the forward and the update, every
+/// other leaf on its whole-tree stream (against the oracle, and bit for bit against the
+/// tree with nothing frozen).
+fn frozen_leaves_under(strategies: &[&str]) {
     let (client, params, batch) = mlp_on_8_devices();
-    for strat in [
-        "mirrored(lowrank(r=1))",
-        "lowrank(r=2)",
-        "seed_regenerated(chunk=4)",
-    ] {
+    for &strat in strategies {
         // The forward and the update against the oracle with the leaf unperturbed and the
         // others on their whole-tree streams.
         for frozen in ["b1", "w1"] {

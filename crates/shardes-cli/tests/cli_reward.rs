@@ -288,8 +288,12 @@ out = "{}"
 /// a run stopped at generation 3 and resumed ends with the bytes of an uninterrupted run,
 /// with the same metrics and eval lines. Without the moments the resumed steps would
 /// differ, and the parameters differ from sgd's.
+// Reward runs resume bit for bit in the default tier (the sampled run above), and so do
+// loss runs with every optimizer (`cli_optimizer.rs`); the two together, about 60 s here,
+// run in the slow tier.
 #[test]
-fn a_reward_run_with_adam_resumes_bit_for_bit() {
+#[ignore = "slow tier"]
+fn slow_a_reward_run_with_adam_resumes_bit_for_bit() {
     let dir = tempfile::tempdir().unwrap();
     let adam = "\noptimizer = \"adam\"";
     // `extra` lands in [task]: the optimizer goes under [es], after the shaping.
