@@ -289,8 +289,8 @@ out = "{}"
 /// with the same metrics and eval lines. Without the moments the resumed steps would
 /// differ, and the parameters differ from sgd's.
 // Reward runs resume bit for bit in the default tier (the sampled run above), and so do
-// loss runs with every optimizer (`cli_optimizer.rs`); the two together, about 60 s here,
-// run in the slow tier.
+// loss runs with every optimizer (`cli_optimizer.rs`); adam in a reward run, about 60 s
+// here, runs in the slow tier.
 #[test]
 #[ignore = "slow tier"]
 fn slow_a_reward_run_with_adam_resumes_bit_for_bit() {
