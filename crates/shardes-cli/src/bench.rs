@@ -253,7 +253,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         .collect::<Result<_>>()?;
     let problem = Problem::transformer_block(tb, config.run.seed).map_err(setup::config_error)?;
     let client = match &config.plugin {
-        None => Client::cpu(config.devices)?,
+        // No compile cache: the report's compile times are measured.
+        None => Client::cpu(config.devices)?.with_compile_cache(None),
         Some(p) => bail!(
             "plugin = {p:?}: shardes bench runs on the provisioned CPU plugin only; remove \
              the `plugin` key to benchmark"

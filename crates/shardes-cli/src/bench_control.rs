@@ -24,7 +24,8 @@ enum Report {
 /// Runs the control benchmark of `config` (already validated, overrides applied).
 pub fn run(args: &BenchArgs, config: &Config) -> Result<()> {
     let es = setup::es(config)?;
-    let client = setup::client(config)?;
+    // No compile cache: the report's compile times are measured.
+    let client = setup::client(config)?.with_compile_cache(None);
     let report = match setup::host_control(config)? {
         Some(h) => {
             let p = shardes::Problem::mjcf(&h, config.es.n, config.run.seed)

@@ -180,7 +180,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         .chunks(d.prompt_len.max(1))
         .map(|c| c.iter().map(|b| b % vocab).collect())
         .collect();
-    let client = Client::cpu(cfg.devices)?;
+    // No compile cache: the report's compile times are measured.
+    let client = Client::cpu(cfg.devices)?.with_compile_cache(None);
     let input = DecodeBenchInput {
         client: &client,
         es: &es,

@@ -70,7 +70,8 @@ pub fn run(args: &BenchArgs, config: &Config) -> Result<()> {
             setup::es_for(&c, &*problem.model)
         })
         .collect::<Result<_>>()?;
-    let client = Client::cpu(config.devices)?;
+    // No compile cache: the report's compile times are measured.
+    let client = Client::cpu(config.devices)?.with_compile_cache(None);
     let input = BenchInput {
         client: &client,
         variants: variants.iter().collect(),

@@ -204,7 +204,8 @@ fn run_programs(config: &Config) -> Result<Option<(String, Vec<DiagEntry>)>> {
     } else {
         return Ok(None);
     };
-    let client = Client::cpu(config.devices)?;
+    // No compile cache: diag measures compiling.
+    let client = Client::cpu(config.devices)?.with_compile_cache(None);
     let strategy = es.strategy().name();
     let mut entries = Vec::new();
     for b in &built {
@@ -260,7 +261,8 @@ pub fn run(args: &DiagArgs) -> Result<()> {
             depths.push(qwen2_shapes_at_depth(&base, layers).map_err(problem_error)?);
         }
     }
-    let client = Client::cpu(config.devices)?;
+    // No compile cache: diag measures compiling.
+    let client = Client::cpu(config.devices)?.with_compile_cache(None);
     let mut entries = vec![measure(&es, &*p.model, &p.leaves, &client, None)?];
     for es in &variants {
         entries.push(measure(es, &*p.model, &p.leaves, &client, None)?);

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use crate::api::{lossy, pjrt_args, pjrt_call};
 use crate::buffer::Buffer;
+use crate::cache::CompileCache;
 use crate::dtype::Element;
 use crate::error::{Result, RuntimeError};
 use crate::ffi;
@@ -56,6 +57,8 @@ fn cpu_device_count(n: usize) -> Result<i64> {
 #[derive(Clone)]
 pub struct Client {
     pub(crate) inner: Arc<ClientInner>,
+    /// Where [`Client::compile`] keeps and finds compiled programs ([`CompileCache`]).
+    pub(crate) cache: Option<CompileCache>,
 }
 
 impl std::fmt::Debug for Client {
@@ -104,6 +107,7 @@ impl Client {
             .collect::<Result<_>>()?;
         Ok(Client {
             inner: Arc::new(inner),
+            cache: CompileCache::from_env(),
         })
     }
 
@@ -118,6 +122,18 @@ impl Client {
                 cpu_device_count: Some(devices),
             },
         )
+    }
+
+    /// This client with `cache` as its compile cache (`None`: every [`Client::compile`]
+    /// compiles). A new client takes [`CompileCache::from_env`].
+    pub fn with_compile_cache(mut self, cache: Option<CompileCache>) -> Client {
+        self.cache = cache;
+        self
+    }
+
+    /// The compile cache [`Client::compile`] uses, if any.
+    pub fn compile_cache(&self) -> Option<&CompileCache> {
+        self.cache.as_ref()
     }
 
     /// The plugin this client runs on.

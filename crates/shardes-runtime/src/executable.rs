@@ -7,6 +7,7 @@ use prost::Message;
 
 use crate::api::{lossy, pjrt_args, pjrt_call};
 use crate::buffer::Buffer;
+use crate::cache::CompileCache;
 use crate::client::Client;
 use crate::dtype::ElementType;
 use crate::error::{Result, RuntimeError};
@@ -153,9 +154,29 @@ impl Drop for Executable {
 }
 
 impl Client {
-    /// Compiles StableHLO MLIR text. On failure the [`RuntimeError::Pjrt`] message carries
-    /// XLA's diagnostic.
+    /// Compiles StableHLO MLIR text, or loads it from the client's compile cache
+    /// ([`Client::compile_cache`]) when the same program was compiled before with the same
+    /// options, plugin and devices (a compiled program is saved there). On failure the
+    /// [`RuntimeError::Pjrt`] message carries XLA's diagnostic.
     pub fn compile(&self, mlir: &str, options: &CompileOptions) -> Result<Executable> {
+        let Some(cache) = &self.cache else {
+            return self.compile_uncached(mlir, options);
+        };
+        let Some(key) = CompileCache::key(self, mlir, &options.to_proto_bytes()) else {
+            return self.compile_uncached(mlir, options);
+        };
+        if let Some(exe) = cache.load(self, &key) {
+            return Ok(exe);
+        }
+        let exe = self.compile_uncached(mlir, options)?;
+        // A cache that cannot be written costs the next run a compile, nothing else.
+        let _ = cache.store(&key, &exe);
+        Ok(exe)
+    }
+
+    /// Compiles StableHLO MLIR text with the plugin, never through the compile cache (what a
+    /// measurement of compile time needs).
+    pub fn compile_uncached(&self, mlir: &str, options: &CompileOptions) -> Result<Executable> {
         let devices = self.device_count();
         if options.num_partitions == 0 || options.num_partitions > devices {
             return Err(RuntimeError::InvalidArgument(format!(
@@ -182,9 +203,63 @@ impl Client {
         a.compile_options_size = opts.len();
         // SAFETY: all pointers reference locals that outlive the call.
         unsafe { pjrt_call!(plugin, PJRT_Client_Compile, &mut a)? };
+        Executable::own(inner, a.executable)
+    }
+}
+
+impl Client {
+    /// Loads an executable that [`Executable::serialize`] wrote, with this client's plugin
+    /// and devices (the same plugin build and device count it was compiled for; the plugin
+    /// refuses or misreads anything else, so [`CompileCache`] keys on both).
+    pub fn deserialize(&self, bytes: &[u8]) -> Result<Executable> {
+        let inner = &self.inner;
+        let mut a = pjrt_args!(PJRT_Executable_DeserializeAndLoad_Args);
+        a.client = inner.raw;
+        a.serialized_executable = bytes.as_ptr().cast();
+        a.serialized_executable_size = bytes.len();
+        // SAFETY: `bytes` outlives the call; the plugin copies what it keeps.
+        unsafe { pjrt_call!(&*inner.plugin, PJRT_Executable_DeserializeAndLoad, &mut a)? };
+        Executable::own(inner, a.loaded_executable)
+    }
+}
+
+impl Executable {
+    /// The compiled program as bytes that [`Client::deserialize`] loads again without
+    /// compiling (the plugin's own format).
+    pub fn serialize(&self) -> Result<Vec<u8>> {
+        let plugin = &*self.client.plugin;
+        let mut a = pjrt_args!(PJRT_Executable_Serialize_Args);
+        a.executable = self.exe;
+        // SAFETY: live handle; the plugin hands back bytes it owns until the deleter runs.
+        unsafe { pjrt_call!(plugin, PJRT_Executable_Serialize, &mut a)? };
+        // SAFETY: `serialized_bytes` points at `serialized_bytes_size` bytes that stay valid
+        // until `serialized_executable_deleter` is called, which happens right after the copy.
+        let bytes = unsafe {
+            let out = if a.serialized_bytes.is_null() {
+                Vec::new()
+            } else {
+                std::slice::from_raw_parts(a.serialized_bytes.cast::<u8>(), a.serialized_bytes_size)
+                    .to_vec()
+            };
+            if let Some(delete) = a.serialized_executable_deleter {
+                delete(a.serialized_executable);
+            }
+            out
+        };
+        if bytes.is_empty() {
+            return Err(RuntimeError::Decode {
+                what: "serialized executable",
+                reason: "the plugin returned no bytes".into(),
+            });
+        }
+        Ok(bytes)
+    }
+
+    /// Takes ownership of a loaded executable the plugin just created for `client`.
+    fn own(client: &Arc<ClientInner>, loaded: *mut ffi::PJRT_LoadedExecutable) -> Result<Self> {
         let mut exe = Executable {
-            client: Arc::clone(inner),
-            loaded: a.executable,
+            client: Arc::clone(client),
+            loaded,
             exe: std::ptr::null_mut(),
             device_indices: Vec::new(),
             num_outputs: 0,
@@ -194,9 +269,7 @@ impl Client {
         exe.init()?;
         Ok(exe)
     }
-}
 
-impl Executable {
     fn init(&mut self) -> Result<()> {
         let plugin = &*self.client.plugin;
         let mut g = pjrt_args!(PJRT_LoadedExecutable_GetExecutable_Args);

@@ -55,6 +55,7 @@
 
 mod api;
 mod buffer;
+mod cache;
 mod client;
 mod dtype;
 mod error;
@@ -76,6 +77,7 @@ pub mod plugin;
 mod proto;
 
 pub use buffer::Buffer;
+pub use cache::{CompileCache, CACHE_ENV};
 pub use client::{gather_rows, Client, ClientOptions, DeviceInfo, MAX_CPU_DEVICES};
 pub use dtype::{Element, ElementType};
 pub use error::{Result, RuntimeError};

@@ -387,9 +387,14 @@ fn run_in(group: &mut Group, args: &RunArgs) -> Result<Outcome> {
     let bt = trainer.build_times();
     outln!(
         out,
-        "compiled in {:.2} s (emit {:.0} ms){}",
+        "compiled in {:.2} s (emit {:.0} ms){}{}",
         bt.compile_ms / 1e3,
         bt.emit_ms,
+        match s.client.compile_cache() {
+            // Says why a compile took milliseconds: it was loaded.
+            Some(c) => format!("; compile cache {}", c.dir().display()),
+            None => String::new(),
+        },
         if start > 0 {
             format!("; resuming at generation {start}")
         } else {

@@ -1,0 +1,78 @@
+//! A run whose programs come from the compile cache is the same run: the generation program
+//! (collectives over 8 devices, donated parameters and optimizer state) loaded from the
+//! cache gives the fitness and parameters of a freshly compiled one, bit for bit, for three
+//! generations.
+//!
+//! Tolerances: none (bits).
+
+mod support;
+
+use shardes::hlo::es::strategy::from_spec;
+use shardes::hlo::es::{Optimizer, ShardedES};
+use shardes::hlo::prng::key;
+use shardes::runtime::{Client, CompileCache};
+use shardes::Trainer;
+use support::tiny::{mlp_on_8_devices, Mlp};
+
+/// Three generations on `client`: every fitness and the final parameters, as bits.
+fn three_generations(client: &Client) -> (Vec<Vec<u32>>, Vec<Vec<u32>>) {
+    let (_, params, batch) = mlp_on_8_devices();
+    let es = ShardedES::new(
+        from_spec(&"mirrored(lowrank(r=1))".parse().unwrap()),
+        64,
+        0.1,
+        0.5,
+        8,
+    )
+    .unwrap()
+    .with_optimizer(Optimizer::adam())
+    .unwrap();
+    let mut t = Trainer::with_state(
+        client,
+        &es,
+        &Mlp::PLAIN,
+        &params,
+        key(7).unwrap(),
+        &batch,
+        0,
+    )
+    .unwrap();
+    let fitness = (0..3)
+        .map(|_| t.step().unwrap().iter().map(|x| x.to_bits()).collect())
+        .collect();
+    let params = t
+        .params()
+        .unwrap()
+        .leaves()
+        .into_iter()
+        .map(|(_, a)| a.data().iter().map(|x| x.to_bits()).collect())
+        .collect();
+    (fitness, params)
+}
+
+#[test]
+fn a_cached_generation_program_runs_the_same_generations() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = CompileCache::new(dir.path());
+    let (fresh, _, _) = mlp_on_8_devices();
+    let want = three_generations(&fresh.with_compile_cache(None));
+
+    let (client, _, _) = mlp_on_8_devices();
+    let client = client.with_compile_cache(Some(cache.clone()));
+    assert_eq!(
+        three_generations(&client),
+        want,
+        "cold cache (compiled, saved)"
+    );
+    let entries = std::fs::read_dir(dir.path()).unwrap().count();
+    assert!(entries > 0, "nothing was saved");
+
+    let (client, _, _) = mlp_on_8_devices();
+    let client = client.with_compile_cache(Some(cache));
+    assert_eq!(three_generations(&client), want, "warm cache (loaded)");
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        entries,
+        "the warm run compiled a program the cold one had saved"
+    );
+}
