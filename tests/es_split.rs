@@ -151,7 +151,10 @@ fn split_mode_takes_a_host_reward_and_refuses_narrow_fitness() {
 
 #[test]
 fn the_run_loop_steps_on_device_state_and_the_quickstart_loss_falls() {
-    let client = Client::cpu(8).expect("8 CPU devices");
+    // No compile cache: the steps are measured against a real compile.
+    let client = Client::cpu(8)
+        .expect("8 CPU devices")
+        .with_compile_cache(None);
     let tb = TransformerBlock::QUICKSTART;
     let k = key(0).expect("seed");
     let params = tb.init(k).expect("init");

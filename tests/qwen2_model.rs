@@ -534,8 +534,11 @@ fn es_generation_on_8_devices_has_finite_losses_and_matches_1_device() {
     assert!(worst <= 1e-5, "1 and 8 devices differ by {worst:e}");
 }
 
+// About 40 s on 2 cores, longer than the rest of this file together; mirrored low rank's
+// 1-vs-8 check stays in the default tier (`es_generation_on_8_devices_…`): the slow tier.
 #[test]
-fn every_strategy_one_generation_on_1_and_8_devices_agrees() {
+#[ignore = "slow tier"]
+fn slow_every_strategy_one_generation_on_1_and_8_devices_agrees() {
     // One generation on the tiny model (one layer, so the ten compilations stay short)
     // under each strategy: 8 devices must give the 1-device fitness and update.
     // Tolerance: 1e-5 relative on fitness, 1e-6 absolute on parameters (|θ| ~ 0.02).

@@ -10,12 +10,15 @@
 //! the SHA-256 of its payload, checked on load; a file that fails the check or that the
 //! plugin refuses is compiled again and replaced. Writes go to a temporary file renamed into
 //! place, so processes that compile the same program at once (the ranks of an `mpirun`, test
-//! binaries) never read a partial entry.
+//! binaries) never read a partial entry. Within one process, threads that compile the same
+//! program at once (the simulated processes of a threaded run) take turns
+//! ([`CompileCache::claim`]): the first compiles and saves it, the others load it.
 
 use std::ffi::OsString;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex};
 use std::time::UNIX_EPOCH;
 
 use sha2::{Digest, Sha256};
@@ -101,6 +104,22 @@ impl CompileCache {
         Some(digest.iter().map(|b| format!("{b:02x}")).collect())
     }
 
+    /// Waits until no other thread of this process is compiling entry `key`, then holds it
+    /// until the returned claim is dropped.
+    pub(crate) fn claim(key: &str) -> Claim {
+        let (lock, turn) = &IN_FLIGHT;
+        // A thread that panicked while holding the lock left the list consistent (its
+        // claim's drop removed its key), so a poisoned lock is still usable.
+        let mut keys = lock.lock().unwrap_or_else(|e| e.into_inner());
+        while keys.iter().any(|k| k == key) {
+            keys = turn.wait(keys).unwrap_or_else(|e| e.into_inner());
+        }
+        keys.push(key.to_string());
+        Claim {
+            key: key.to_string(),
+        }
+    }
+
     fn path(&self, key: &str) -> PathBuf {
         self.dir.join(format!("{key}.pjrt"))
     }
@@ -145,6 +164,24 @@ impl CompileCache {
             let _ = std::fs::remove_file(&tmp);
         }
         written
+    }
+}
+
+/// The entries being compiled by this process's threads, and the turn they wait on.
+static IN_FLIGHT: (Mutex<Vec<String>>, Condvar) = (Mutex::new(Vec::new()), Condvar::new());
+
+/// One thread's hold on an entry ([`CompileCache::claim`]); dropping it lets the next
+/// thread in.
+pub(crate) struct Claim {
+    key: String,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        let (lock, turn) = &IN_FLIGHT;
+        let mut keys = lock.lock().unwrap_or_else(|e| e.into_inner());
+        keys.retain(|k| k != &self.key);
+        turn.notify_all();
     }
 }
 

@@ -165,6 +165,7 @@ impl Client {
         let Some(key) = CompileCache::key(self, mlir, &options.to_proto_bytes()) else {
             return self.compile_uncached(mlir, options);
         };
+        let _turn = CompileCache::claim(&key);
         if let Some(exe) = cache.load(self, &key) {
             return Ok(exe);
         }

@@ -155,3 +155,31 @@ fn a_damaged_entry_is_compiled_again_and_replaced() {
         want
     );
 }
+
+#[test]
+fn threads_that_compile_one_program_at_once_all_get_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = CompileCache::new(dir.path());
+    let d = 2;
+    let (mlir, opts) = (common::sharded_program(d), CompileOptions::new(d));
+    let plain = common::client(d).with_compile_cache(None);
+    let want = run_bits(&plain, &plain.compile(&mlir, &opts).unwrap());
+    let got: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                s.spawn(|| {
+                    let c = common::client(d).with_compile_cache(Some(cache.clone()));
+                    run_bits(&c, &c.compile(&mlir, &opts).unwrap())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(got.iter().all(|g| *g == want));
+    let files: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert_eq!(
+        files.len(),
+        1,
+        "one entry, no temporary file left: {files:?}"
+    );
+}
