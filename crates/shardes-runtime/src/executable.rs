@@ -206,9 +206,7 @@ impl Client {
         unsafe { pjrt_call!(plugin, PJRT_Client_Compile, &mut a)? };
         Executable::own(inner, a.executable)
     }
-}
 
-impl Client {
     /// Loads an executable that [`Executable::serialize`] wrote, with this client's plugin
     /// and devices (the same plugin build and device count it was compiled for; the plugin
     /// refuses or misreads anything else, so [`CompileCache`] keys on both).
