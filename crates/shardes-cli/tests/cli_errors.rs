@@ -181,3 +181,30 @@ fn floats_beyond_f32_are_named_as_written() {
         "set es.sigma",
     );
 }
+
+#[test]
+fn a_compile_cache_bound_that_is_not_a_size_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let o = bin()
+        .args(["devices", "--devices", "1"])
+        .env("SHARDES_COMPILE_CACHE", d.path())
+        .env("SHARDES_COMPILE_CACHE_MAX_BYTES", "lots")
+        .env_remove("XLA_FLAGS")
+        .output()
+        .expect("spawning shardes");
+    let (stdout, stderr) = text(&o);
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    let err = stderr
+        .lines()
+        .find(|l| l.starts_with("error: "))
+        .unwrap_or_default();
+    assert!(
+        err.contains("SHARDES_COMPILE_CACHE_MAX_BYTES = \"lots\" is not a size"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("such as 500M or 4G"), "{stderr}");
+}

@@ -13,21 +13,37 @@
 //! binaries) never read a partial entry. Within one process, threads that compile the same
 //! program at once (the simulated processes of a threaded run) take turns
 //! ([`CompileCache::claim`]): the first compiles and saves it, the others load it.
+//!
+//! The directory is bounded ([`CompileCache::max_bytes`], `SHARDES_COMPILE_CACHE_MAX_BYTES`,
+//! [`DEFAULT_MAX_BYTES`] unless set): after each store the least recently used entries are
+//! deleted until the entries fit. A load marks its entry used (its modification time),
+//! so what a run keeps loading stays. An entry larger than the bound is not saved.
 
 use std::ffi::OsString;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
-use std::time::UNIX_EPOCH;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sha2::{Digest, Sha256};
 
 use crate::client::Client;
+use crate::error::RuntimeError;
 use crate::executable::{CompileOptions, Executable};
 
 /// The environment variable naming the cache directory ([`CompileCache::from_env`]).
 pub const CACHE_ENV: &str = "SHARDES_COMPILE_CACHE";
+
+/// The environment variable bounding the cache directory's size ([`CompileCache::from_env`]):
+/// bytes, or a number with a `K`, `M`, `G` or `T` suffix (powers of 1024).
+pub const MAX_BYTES_ENV: &str = "SHARDES_COMPILE_CACHE_MAX_BYTES";
+
+/// The bound on the entries' total size when [`MAX_BYTES_ENV`] is not set: 4 GiB.
+pub const DEFAULT_MAX_BYTES: u64 = 4 << 30;
+
+/// A temporary file older than this was left by a process that died while writing it.
+const STALE_TMP: Duration = Duration::from_secs(3600);
 
 /// The first bytes of every entry: the format, so that a future layout is never misread.
 const MAGIC: &[u8] = b"shardes-compiled-v1\n";
@@ -37,18 +53,41 @@ const MAGIC: &[u8] = b"shardes-compiled-v1\n";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CompileCache {
     dir: PathBuf,
+    max_bytes: u64,
 }
 
 impl CompileCache {
-    /// A cache in `dir` (created on the first store).
+    /// A cache in `dir` (created on the first store), bounded by [`DEFAULT_MAX_BYTES`].
     pub fn new(dir: impl Into<PathBuf>) -> CompileCache {
-        CompileCache { dir: dir.into() }
+        CompileCache {
+            dir: dir.into(),
+            max_bytes: DEFAULT_MAX_BYTES,
+        }
+    }
+
+    /// This cache with its entries' total size bounded by `max_bytes`.
+    pub fn with_max_bytes(mut self, max_bytes: u64) -> CompileCache {
+        self.max_bytes = max_bytes;
+        self
+    }
+
+    /// The bound on the entries' total size.
+    pub fn max_bytes(&self) -> u64 {
+        self.max_bytes
     }
 
     /// The cache named by `SHARDES_COMPILE_CACHE`, if it is set and not empty and
-    /// `XLA_FLAGS` is unset or empty.
-    pub fn from_env() -> Option<CompileCache> {
-        from_vars(std::env::var_os(CACHE_ENV), std::env::var_os("XLA_FLAGS"))
+    /// `XLA_FLAGS` is unset or empty, bounded by `SHARDES_COMPILE_CACHE_MAX_BYTES`.
+    ///
+    /// # Errors
+    ///
+    /// [`RuntimeError::CacheBound`] for a bound that is not a size.
+    pub fn from_env() -> Result<Option<CompileCache>, RuntimeError> {
+        from_vars(
+            std::env::var_os(CACHE_ENV),
+            std::env::var_os("XLA_FLAGS"),
+            std::env::var_os(MAX_BYTES_ENV),
+        )
     }
 
     /// The file that holds (or would hold) `mlir` compiled with `options` on `client`;
@@ -127,7 +166,8 @@ impl CompileCache {
     /// The entry `key` loaded on `client`, or `None` when there is none or it is damaged
     /// or refused (the caller compiles then, and [`CompileCache::store`] replaces it).
     pub(crate) fn load(&self, client: &Client, key: &str) -> Option<Executable> {
-        let file = std::fs::read(self.path(key)).ok()?;
+        let path = self.path(key);
+        let file = std::fs::read(&path).ok()?;
         let rest = file.strip_prefix(MAGIC)?;
         if rest.len() < 32 {
             return None;
@@ -136,15 +176,25 @@ impl CompileCache {
         if Sha256::digest(payload).as_slice() != digest {
             return None;
         }
-        client.deserialize(payload).ok()
+        let exe = client.deserialize(payload).ok()?;
+        // Marks the entry used for the bound's eviction; failing to only makes it older.
+        if let Ok(f) = std::fs::File::options().append(true).open(&path) {
+            let _ = f.set_modified(SystemTime::now());
+        }
+        Some(exe)
     }
 
-    /// Writes `exe` as entry `key`. Failing to write (a read-only or full disk) only
-    /// means the next compile is not saved; the caller goes on with `exe`.
+    /// Writes `exe` as entry `key`, then trims the directory to the bound ([`Self::trim`]).
+    /// Failing to write (a read-only or full disk) only means the next compile is not
+    /// saved; the caller goes on with `exe`.
     pub(crate) fn store(&self, key: &str, exe: &Executable) -> std::io::Result<()> {
         let payload = exe
             .serialize()
             .map_err(|e| std::io::Error::other(e.to_string()))?;
+        let size = (MAGIC.len() + 32 + payload.len()) as u64;
+        if size > self.max_bytes {
+            return Ok(());
+        }
         std::fs::create_dir_all(&self.dir)?;
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let tmp = self.dir.join(format!(
@@ -163,7 +213,51 @@ impl CompileCache {
         if written.is_err() {
             let _ = std::fs::remove_file(&tmp);
         }
-        written
+        written?;
+        self.trim(key)
+    }
+
+    /// Deletes the least recently used entries other than `keep` until the entries'
+    /// total size is within the bound, and temporary files that a process that died while
+    /// writing left behind. An entry another process deletes first, or is reading, is
+    /// skipped: a reader keeps its open file, and a later load finds none and compiles.
+    fn trim(&self, keep: &str) -> std::io::Result<()> {
+        let now = SystemTime::now();
+        let mut entries = Vec::new();
+        let mut total = 0u64;
+        for e in std::fs::read_dir(&self.dir)? {
+            let Ok(e) = e else { continue };
+            let Ok(meta) = e.metadata() else { continue };
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            let modified = meta.modified().unwrap_or(UNIX_EPOCH);
+            if name.starts_with('.') && name.ends_with(".tmp") {
+                if now
+                    .duration_since(modified)
+                    .is_ok_and(|age| age > STALE_TMP)
+                {
+                    let _ = std::fs::remove_file(e.path());
+                }
+                continue;
+            }
+            let Some(stem) = name.strip_suffix(".pjrt") else {
+                continue;
+            };
+            total += meta.len();
+            if stem != keep {
+                entries.push((modified, meta.len(), e.path()));
+            }
+        }
+        entries.sort();
+        for (_, len, path) in entries {
+            if total <= self.max_bytes {
+                break;
+            }
+            if std::fs::remove_file(path).is_ok() {
+                total -= len;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -196,13 +290,52 @@ fn host_cpu() -> String {
         .join("\n")
 }
 
-/// [`CompileCache::from_env`] on the two variables' values.
-fn from_vars(dir: Option<OsString>, xla_flags: Option<OsString>) -> Option<CompileCache> {
-    let dir = dir.filter(|d| !d.is_empty())?;
+/// [`CompileCache::from_env`] on the three variables' values.
+fn from_vars(
+    dir: Option<OsString>,
+    xla_flags: Option<OsString>,
+    max_bytes: Option<OsString>,
+) -> Result<Option<CompileCache>, RuntimeError> {
+    let Some(dir) = dir.filter(|d| !d.is_empty()) else {
+        return Ok(None);
+    };
     if xla_flags.is_some_and(|f| !f.is_empty()) {
-        return None;
+        return Ok(None);
     }
-    Some(CompileCache::new(dir))
+    let cache = CompileCache::new(dir);
+    Ok(Some(match max_bytes.filter(|m| !m.is_empty()) {
+        None => cache,
+        Some(m) => {
+            let m = m.to_string_lossy();
+            let bytes = parse_size(&m).ok_or_else(|| RuntimeError::CacheBound {
+                value: m.to_string(),
+            })?;
+            cache.with_max_bytes(bytes)
+        }
+    }))
+}
+
+/// `s` as bytes: a whole number, optionally followed by `K`, `M`, `G` or `T` (powers of
+/// 1024, either case, an optional `B` or `iB` after it).
+fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let digits = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (number, unit) = s.split_at(digits);
+    let number: u64 = number.parse().ok()?;
+    let unit = unit.trim().to_ascii_uppercase();
+    let unit = unit
+        .strip_suffix("IB")
+        .or_else(|| unit.strip_suffix('B'))
+        .unwrap_or(&unit);
+    let shift = match unit {
+        "" => 0,
+        "K" => 10,
+        "M" => 20,
+        "G" => 30,
+        "T" => 40,
+        _ => return None,
+    };
+    number.checked_mul(1u64 << shift)
 }
 
 #[cfg(test)]
@@ -215,10 +348,31 @@ mod tests {
 
     #[test]
     fn the_cache_is_on_only_with_a_directory_and_no_xla_flags() {
-        assert_eq!(from_vars(os("/c"), None), Some(CompileCache::new("/c")));
-        assert_eq!(from_vars(os("/c"), os("")), Some(CompileCache::new("/c")));
-        assert_eq!(from_vars(os("/c"), os("--xla_dump_to=/d")), None);
-        assert_eq!(from_vars(os(""), None), None);
-        assert_eq!(from_vars(None, None), None);
+        let on = |dir, flags, max| from_vars(dir, flags, max).ok().flatten();
+        assert_eq!(on(os("/c"), None, None), Some(CompileCache::new("/c")));
+        assert_eq!(on(os("/c"), os(""), os("")), Some(CompileCache::new("/c")));
+        assert_eq!(on(os("/c"), os("--xla_dump_to=/d"), None), None);
+        assert_eq!(on(os(""), None, None), None);
+        assert!(matches!(from_vars(None, None, os("junk")), Ok(None)));
+    }
+
+    #[test]
+    fn the_bound_takes_bytes_or_a_binary_suffix_and_names_a_bad_value() {
+        let bound = |m: &str| {
+            from_vars(os("/c"), None, os(m))
+                .map(|c| c.map(|c| c.max_bytes()))
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(bound("1000"), Ok(Some(1000)));
+        assert_eq!(bound("500M"), Ok(Some(500 << 20)));
+        assert_eq!(bound("4g"), Ok(Some(4 << 30)));
+        assert_eq!(bound("2GiB"), Ok(Some(2 << 30)));
+        assert_eq!(bound("1 TB"), Ok(Some(1 << 40)));
+        assert_eq!(bound("0"), Ok(Some(0)));
+        assert_eq!(bound(""), Ok(Some(DEFAULT_MAX_BYTES)));
+        for bad in ["lots", "4X", "-1", "1.5G", "99999999999T"] {
+            let err = bound(bad).unwrap_err();
+            assert!(err.contains(MAX_BYTES_ENV) && err.contains(bad), "{err}");
+        }
     }
 }

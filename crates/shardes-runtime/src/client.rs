@@ -71,8 +71,10 @@ impl std::fmt::Debug for Client {
 }
 
 impl Client {
-    /// Creates a client on `plugin`.
+    /// Creates a client on `plugin`, with the compile cache the environment names
+    /// ([`CompileCache::from_env`]; a bad `SHARDES_COMPILE_CACHE_MAX_BYTES` is an error).
     pub fn new(plugin: Arc<Plugin>, options: ClientOptions) -> Result<Client> {
+        let cache = CompileCache::from_env()?;
         let name = "cpu_device_count";
         let count: i64;
         let mut opt = pjrt_args!(PJRT_NamedValue);
@@ -107,7 +109,7 @@ impl Client {
             .collect::<Result<_>>()?;
         Ok(Client {
             inner: Arc::new(inner),
-            cache: CompileCache::from_env(),
+            cache,
         })
     }
 

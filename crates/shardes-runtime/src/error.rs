@@ -186,6 +186,17 @@ pub enum RuntimeError {
         value: String,
     },
 
+    /// `SHARDES_COMPILE_CACHE_MAX_BYTES` is not a size ([`crate::CompileCache::from_env`]).
+    #[error(
+        "SHARDES_COMPILE_CACHE_MAX_BYTES = {value:?} is not a size; fix: set it to a number of \
+         bytes or a number with a K, M, G or T suffix (such as 500M or 4G), or unset it for \
+         the default 4G"
+    )]
+    CacheBound {
+        /// The value found.
+        value: String,
+    },
+
     /// A device index is out of range.
     #[error("device {device} does not exist: the client has {count} device(s)")]
     NoSuchDevice {

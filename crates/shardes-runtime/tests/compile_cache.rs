@@ -183,3 +183,79 @@ fn threads_that_compile_one_program_at_once_all_get_it() {
         "one entry, no temporary file left: {files:?}"
     );
 }
+
+/// A program like [`common::sharded_program`] whose first output is `x * k + 1`.
+fn times(d: usize, k: u32) -> String {
+    common::sharded_program(d).replace("dense<2.000000e+00>", &format!("dense<{k}.000000e+00>"))
+}
+
+#[test]
+fn past_the_bound_the_least_recently_used_entries_are_deleted() {
+    let d = 2;
+    let opts = CompileOptions::new(d);
+    let [a, b, c] = [4, 5, 6].map(|k| times(d, k));
+    // Each entry's size, from a cache without a bound to speak of.
+    let probe = tempfile::tempdir().unwrap();
+    let unbounded = CompileCache::new(probe.path());
+    let client = common::client(d).with_compile_cache(Some(unbounded.clone()));
+    let size = |mlir: &String| {
+        client.compile(mlir, &opts).unwrap();
+        let entry = unbounded.entry_path(&client, mlir, &opts).unwrap();
+        std::fs::metadata(entry).unwrap().len()
+    };
+    let [sa, sb, sc] = [&a, &b, &c].map(size);
+    // Room for any two of the three, not for all three.
+    let max = (sa + sb).max(sa + sc).max(sb + sc);
+    assert!(max < sa + sb + sc);
+
+    let dir = tempfile::tempdir().unwrap();
+    let cache = CompileCache::new(dir.path()).with_max_bytes(max);
+    let client = common::client(d).with_compile_cache(Some(cache.clone()));
+    let entry = |mlir: &String| cache.entry_path(&client, mlir, &opts).unwrap();
+    let pause = || std::thread::sleep(std::time::Duration::from_millis(20));
+    // A temporary file a dead writer left an hour and more ago goes; a fresh one stays.
+    let stale = dir.path().join(".dead.1.0.tmp");
+    let fresh = dir.path().join(".alive.2.0.tmp");
+    for f in [&stale, &fresh] {
+        std::fs::write(f, b"partial").unwrap();
+    }
+    let two_hours_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(7200);
+    std::fs::File::options()
+        .append(true)
+        .open(&stale)
+        .unwrap()
+        .set_modified(two_hours_ago)
+        .unwrap();
+
+    client.compile(&a, &opts).unwrap();
+    pause();
+    client.compile(&b, &opts).unwrap();
+    assert!(entry(&a).exists() && entry(&b).exists(), "two entries fit");
+    assert!(!stale.exists(), "the stale temporary file was left");
+    assert!(fresh.exists(), "a temporary file being written was deleted");
+    pause();
+    // Loading `a` makes it the most recently used, so `c` pushes out `b`, not `a`.
+    let before = std::fs::metadata(entry(&a)).unwrap().modified().unwrap();
+    client.compile(&a, &opts).unwrap();
+    let after = std::fs::metadata(entry(&a)).unwrap().modified().unwrap();
+    assert!(after > before, "a load did not mark its entry used");
+    pause();
+    client.compile(&c, &opts).unwrap();
+    assert!(entry(&a).exists(), "the recently loaded entry was deleted");
+    assert!(
+        !entry(&b).exists(),
+        "the least recently used entry was kept"
+    );
+    assert!(entry(&c).exists(), "the new entry was deleted");
+
+    // An entry larger than the bound is not saved, and the program still runs.
+    let tiny = CompileCache::new(dir.path().join("tiny")).with_max_bytes(sa / 2);
+    let client = common::client(d).with_compile_cache(Some(tiny.clone()));
+    let exe = client.compile(&a, &opts).unwrap();
+    assert!(!tiny.entry_path(&client, &a, &opts).unwrap().exists());
+    let plain = common::client(d).with_compile_cache(None);
+    assert_eq!(
+        run_bits(&client, &exe),
+        run_bits(&plain, &plain.compile(&a, &opts).unwrap())
+    );
+}
