@@ -284,6 +284,7 @@ pub fn devices(args: &DevicesArgs) -> Result<()> {
             "stablehlo_minimum_version": plugin.stablehlo_minimum_version(),
             "device_count": client.device_count(),
             "devices": devices,
+            "huge_pages": shardes::runtime::host_alloc::huge_pages_state(),
         });
         outln!(out, "{doc}");
         return out.finish();
@@ -303,6 +304,11 @@ pub fn devices(args: &DevicesArgs) -> Result<()> {
     for d in client.devices() {
         outln!(out, "  {:>3}  {:<6} {}", d.id, d.kind, d.description);
     }
+    outln!(
+        out,
+        "huge pages {}",
+        shardes::runtime::host_alloc::huge_pages_state()
+    );
     out.finish()
 }
 

@@ -109,6 +109,47 @@ fn devices_lists_the_simulated_cpus() {
     );
 }
 
+/// Where the kernel gives transparent huge pages on request (`madvise`), the command runs
+/// itself again with glibc's huge-page tunable and says so; `SHARDES_HUGE_PAGES=0` and a
+/// user's own tunable keep it as it is. Elsewhere it says why not.
+#[test]
+fn devices_says_whether_large_allocations_get_huge_pages() {
+    let mode =
+        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+    let line = |envs: &[(&str, &str)]| {
+        let mut cmd = bin();
+        cmd.args(["devices", "--devices", "1"])
+            .env_remove("GLIBC_TUNABLES")
+            .env_remove("SHARDES_HUGE_PAGES");
+        for (k, v) in envs {
+            cmd.env(k, v);
+        }
+        let o = cmd.output().expect("spawning shardes");
+        let (stdout, stderr) = text(&o);
+        assert_eq!(o.status.code(), Some(0), "{stderr}");
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("huge pages "))
+            .unwrap_or_else(|| panic!("no huge pages line in:\n{stdout}"))
+            .to_string()
+    };
+    let default = line(&[]);
+    if mode.contains("[madvise]") {
+        assert!(
+            default.starts_with("on (glibc.malloc.hugetlb=1"),
+            "{default}"
+        );
+        let off = line(&[("SHARDES_HUGE_PAGES", "0")]);
+        assert_eq!(off, "off (SHARDES_HUGE_PAGES=0)");
+        let own = line(&[("GLIBC_TUNABLES", "glibc.malloc.hugetlb=0")]);
+        assert_eq!(own, "off (GLIBC_TUNABLES sets glibc.malloc.hugetlb=0)");
+    } else if mode.contains("[always]") {
+        assert!(default.starts_with("on (the kernel"), "{default}");
+    } else {
+        assert!(default.starts_with("off ("), "{default}");
+    }
+}
+
 /// `--plugin` with the path `devices` reported loads that plugin explicitly.
 #[test]
 fn devices_with_an_explicit_plugin_path() {

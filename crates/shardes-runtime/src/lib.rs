@@ -71,6 +71,7 @@ mod executable;
 mod ffi;
 mod handle;
 mod hlo;
+pub mod host_alloc;
 mod memory;
 pub mod mujoco;
 pub mod plugin;
