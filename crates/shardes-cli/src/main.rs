@@ -87,6 +87,11 @@ fn runtime_user_error(e: &RuntimeError) -> Option<ConfigError> {
             ),
             format!("lower `devices` in the config (or `--devices`) to at most {max}"),
         )),
+        RuntimeError::CacheBound { value } => Some(ConfigError::new(
+            format!("SHARDES_COMPILE_CACHE_MAX_BYTES = {value:?} is not a size"),
+            "set it to a number of bytes or a number with a K, M, G or T suffix (such as \
+             500M or 4G), or unset it for the default 4G",
+        )),
         _ => None,
     }
 }

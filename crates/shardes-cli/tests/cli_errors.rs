@@ -198,13 +198,16 @@ fn a_compile_cache_bound_that_is_not_a_size_is_refused() {
         Some(2),
         "stdout:\n{stdout}\nstderr:\n{stderr}"
     );
-    let err = stderr
-        .lines()
-        .find(|l| l.starts_with("error: "))
-        .unwrap_or_default();
+    let line = |prefix: &str| {
+        stderr
+            .lines()
+            .find(|l| l.trim_start().starts_with(prefix))
+            .unwrap_or_default()
+            .to_string()
+    };
     assert!(
-        err.contains("SHARDES_COMPILE_CACHE_MAX_BYTES = \"lots\" is not a size"),
+        line("error: ").contains("SHARDES_COMPILE_CACHE_MAX_BYTES = \"lots\" is not a size"),
         "{stderr}"
     );
-    assert!(stderr.contains("such as 500M or 4G"), "{stderr}");
+    assert!(line("hint: ").contains("such as 500M or 4G"), "{stderr}");
 }
