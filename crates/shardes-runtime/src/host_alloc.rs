@@ -60,15 +60,9 @@ pub fn huge_pages_state() -> String {
 
 /// [`huge_pages_state`] on the two variables' values and the kernel's mode.
 fn state_of(switch: Option<OsString>, tunables: Option<OsString>, thp_mode: &str) -> String {
-    let mode = thp_mode
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix('[')?.strip_suffix(']'))
-        .unwrap_or("unknown");
-    let tunables = tunables.map(|t| t.to_string_lossy().into_owned());
-    let hugetlb = tunables
-        .iter()
-        .flat_map(|t| t.split(':'))
-        .find(|t| t.starts_with("glibc.malloc.hugetlb="));
+    let mode = selected(thp_mode);
+    let hugetlb = hugetlb_of(tunables.as_ref());
+    let hugetlb = hugetlb.as_deref();
     match (mode, hugetlb) {
         ("always", _) => "on (the kernel's transparent huge pages: always)".into(),
         ("madvise", Some(TUNABLE)) => format!("on ({TUNABLE}; the kernel's mode: madvise)"),
@@ -87,18 +81,38 @@ fn tunables_for(
     tunables: Option<OsString>,
     thp_mode: &str,
 ) -> Option<OsString> {
-    if switch.is_some_and(|s| s == "0") || !thp_mode.contains("[madvise]") {
+    if switch.is_some_and(|s| s == "0") || selected(thp_mode) != "madvise" {
+        return None;
+    }
+    if hugetlb_of(tunables.as_ref()).is_some() {
         return None;
     }
     match tunables.filter(|t| !t.is_empty()) {
         None => Some(TUNABLE.into()),
-        Some(t) if t.to_string_lossy().contains("glibc.malloc.hugetlb") => None,
         Some(mut t) => {
             t.push(":");
             t.push(TUNABLE);
             Some(t)
         }
     }
+}
+
+/// The bracketed word of the kernel's mode file (`always [madvise] never`: `madvise`), or
+/// `unknown`.
+fn selected(thp_mode: &str) -> &str {
+    thp_mode
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix('[')?.strip_suffix(']'))
+        .unwrap_or("unknown")
+}
+
+/// The `glibc.malloc.hugetlb=…` entry of a `GLIBC_TUNABLES` value, if it has one.
+fn hugetlb_of(tunables: Option<&OsString>) -> Option<String> {
+    let tunables = tunables?.to_string_lossy();
+    tunables
+        .split(':')
+        .find(|t| t.starts_with("glibc.malloc.hugetlb="))
+        .map(str::to_string)
 }
 
 #[cfg(test)]

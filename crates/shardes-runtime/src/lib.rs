@@ -78,7 +78,7 @@ pub mod plugin;
 mod proto;
 
 pub use buffer::Buffer;
-pub use cache::{CompileCache, CACHE_ENV};
+pub use cache::{CompileCache, CACHE_ENV, DEFAULT_MAX_BYTES, MAX_BYTES_ENV};
 pub use client::{gather_rows, Client, ClientOptions, DeviceInfo, MAX_CPU_DEVICES};
 pub use dtype::{Element, ElementType};
 pub use error::{Result, RuntimeError};
