@@ -284,8 +284,9 @@ impl OutputsRunner {
         // The state alone: the inputs come with each call. The optimizer's state (none
         // under sgd) lives beside the parameters and only tell reads and updates it.
         let opt = es.optimizer().state_types(&leaves);
-        let state_layout =
-            Layout::new(ProgramKind::Outputs, leaves, Vec::new(), es.n(), 1).with_opt_state(opt);
+        let state_layout = Layout::new(ProgramKind::Outputs, leaves, Vec::new(), es.n(), 1)
+            .with_opt_state(opt)
+            .with_stacks(layout.stacks.clone());
         let state =
             DeviceState::upload(client, devices, state_layout, params, key, &[], generation)?;
         Ok(OutputsRunner {
@@ -313,6 +314,7 @@ impl OutputsRunner {
     pub fn compile(&self, program: &Program) -> Result<Executable, Error> {
         if program.layout.kind != ProgramKind::Outputs
             || program.layout.leaves != self.layout.leaves
+            || program.layout.stacks != self.layout.stacks
         {
             return Err(Error::Invalid(
                 "only an outputs program of this runner's leaves runs over its state; build \

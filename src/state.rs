@@ -8,7 +8,7 @@
 
 use std::borrow::Cow;
 
-use shardes_hlo::es::{Layout, ProgramResults};
+use shardes_hlo::es::{Layout, ProgramResults, Slot};
 use shardes_hlo::params::{Array, ParamTree};
 use shardes_hlo::prng::Key;
 use shardes_runtime::{Buffer, Client, Element, ElementType};
@@ -24,7 +24,8 @@ pub(crate) struct DeviceState {
     /// rebuilds the tree on. Not a copy of the parameters, which would hold the model's
     /// size on the host for the whole run.
     skeleton: ParamTree,
-    /// `[device][leaf]`.
+    /// `[device][parameter argument]`, in [`Layout::slots`] order (a model's layers held
+    /// as `[L, …]` stacks where the layout stacks them).
     params: Vec<Vec<Buffer>>,
     key: Vec<Buffer>,
     generation: Vec<Buffer>,
@@ -175,11 +176,33 @@ impl DeviceState {
             }
         }
         let mut params_dev: Vec<Vec<Buffer>> = (0..devices).map(|_| Vec::new()).collect();
-        for a in leaves {
-            for (d, b) in replicate(client, a.data(), a.shape(), devices)?
-                .into_iter()
-                .enumerate()
-            {
+        let mut leaves: Vec<Option<Cow<'a, Array>>> = leaves.map(Some).collect();
+        if leaves.len() != layout.leaves.len() {
+            return Err(Error::Invalid(format!(
+                "the parameter tree has {} leaves but the program takes {}; build the \
+                 program from this tree's leaf_infos",
+                leaves.len(),
+                layout.leaves.len()
+            )));
+        }
+        for slot in layout.slots() {
+            let bufs = match *slot {
+                Slot::Leaf(p) => {
+                    let a = take_leaf(&mut leaves, p)?;
+                    replicate(client, a.data(), a.shape(), devices)?
+                }
+                Slot::Stack(s) => {
+                    // The layers' host arrays are freed as their stack is built.
+                    let st = &layout.stacks[s];
+                    let dims = dims_of(&st.ty());
+                    let mut data = Vec::with_capacity(dims.iter().product());
+                    for &p in &st.positions {
+                        data.extend_from_slice(take_leaf(&mut leaves, p)?.data());
+                    }
+                    replicate(client, &data, &dims, devices)?
+                }
+            };
+            for (d, b) in bufs.into_iter().enumerate() {
                 params_dev[d].push(b);
             }
         }
@@ -293,13 +316,35 @@ impl DeviceState {
         Ok(())
     }
 
-    /// Copies the parameters back to the host (from device 0; every device holds the same).
+    /// Copies the parameters back to the host (from device 0; every device holds the same),
+    /// a stack cut into its layers' leaves.
     pub(crate) fn params(&self) -> Result<ParamTree, Error> {
-        let mut leaves = Vec::with_capacity(self.params[0].len());
-        for (b, l) in self.params[0].iter().zip(&self.layout.leaves) {
-            let shape: Vec<usize> = l.shape.iter().map(|&d| d as usize).collect();
-            leaves.push(Array::new(shape, b.to_host::<f32>()?)?);
+        let layout = &self.layout;
+        let mut leaves: Vec<Option<Array>> = vec![None; layout.leaves.len()];
+        for (b, slot) in self.params[0].iter().zip(layout.slots()) {
+            let data = b.to_host::<f32>()?;
+            match *slot {
+                Slot::Leaf(p) => {
+                    leaves[p] = Some(Array::new(dims_of_leaf(&layout.leaves[p].shape), data)?);
+                }
+                Slot::Stack(s) => {
+                    let st = &layout.stacks[s];
+                    let size = count(&st.shape);
+                    for (&p, row) in st.positions.iter().zip(data.chunks(size.max(1))) {
+                        leaves[p] = Some(Array::new(dims_of_leaf(&st.shape), row.to_vec())?);
+                    }
+                }
+            }
         }
+        let leaves = leaves
+            .into_iter()
+            .collect::<Option<Vec<Array>>>()
+            .ok_or_else(|| {
+                Error::Invalid(
+                    "the devices' parameters do not cover every leaf of the layout; report this"
+                        .into(),
+                )
+            })?;
         if leaves.len() != self.skeleton.num_leaves() {
             return Err(Error::Invalid(format!(
                 "the devices hold {} leaves but the parameter tree has {}",
@@ -403,6 +448,25 @@ fn into_leaves(tree: ParamTree) -> Vec<Array> {
     let mut out = Vec::new();
     go(tree, &mut out);
     out
+}
+
+/// Leaf `p` of `leaves`, taken (each leaf is uploaded once).
+fn take_leaf<'a>(leaves: &mut [Option<Cow<'a, Array>>], p: usize) -> Result<Cow<'a, Array>, Error> {
+    leaves.get_mut(p).and_then(Option::take).ok_or_else(|| {
+        Error::Invalid(format!(
+            "leaf {p} of the parameter tree is in no parameter argument or in two; report this"
+        ))
+    })
+}
+
+/// The number of elements of a leaf of `shape`.
+fn count(shape: &[i64]) -> usize {
+    shape.iter().map(|&d| d as usize).product()
+}
+
+/// A leaf shape's dimensions as host sizes.
+fn dims_of_leaf(shape: &[i64]) -> Vec<usize> {
+    shape.iter().map(|&d| d as usize).collect()
 }
 
 /// A tensor type's dimensions as host sizes.

@@ -64,7 +64,7 @@ impl HostsTell {
             How::A => vec![es.part_tell_program(model, leaves, part)?],
             How::B => vec![
                 es.partial_program(model, leaves, part)?,
-                es.update_program(leaves, part)?,
+                es.update_program(model, leaves, part)?,
             ],
         })
     }

@@ -79,7 +79,8 @@ impl HostTrainer {
             emit_ms: (t1 - t0).as_secs_f64() * 1e3,
             compile_ms: t1.elapsed().as_secs_f64() * 1e3,
         };
-        let state_layout = Layout::new(ProgramKind::Outputs, leaves, Vec::new(), es.n(), 1);
+        let state_layout = Layout::new(ProgramKind::Outputs, leaves, Vec::new(), es.n(), 1)
+            .with_stacks(first.layout.stacks.clone());
         let state =
             DeviceState::upload(client, devices, state_layout, params, key, &[], generation)?;
         let reset = control.reset_states(fold_in(key, 1))?;

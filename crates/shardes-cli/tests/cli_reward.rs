@@ -69,6 +69,29 @@ fn run(config: &Path) -> std::process::Output {
         .unwrap()
 }
 
+/// Runs `config` (writing `out`), kills it once `after` generations are in its metrics,
+/// and resumes it to the end (`generations`); the generation of the checkpoint it resumed
+/// from.
+fn kill_and_resume(config: &Path, out: &Path, after: usize, generations: u64) -> u64 {
+    let mut child = bin()
+        .args(["run", config.to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for_metrics(out, after, &mut child);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let at = state(out)["generation"].as_u64().unwrap();
+    assert!(at < generations, "the kill came after the end");
+    let o = bin()
+        .args(["run", config.to_str().unwrap(), "--resume"])
+        .output()
+        .unwrap();
+    exited(&o, 0);
+    at
+}
+
 /// Stated up front: from a mean reward at or below 0.1 in generation 0 (a random model
 /// emits token 7 about 1 time in 128), the population's mean reward reaches 0.5 by
 /// generation 30 and the held-out greedy reward rises above its start. Measured: 0.00 at
@@ -135,22 +158,7 @@ fn a_killed_sampled_run_resumes_bit_for_bit() {
 
     let cut = dir.path().join("cut");
     let cfg = write(dir.path(), "b.toml", &target_token(&cut, 12, 3, sampled));
-    let mut child = bin()
-        .args(["run", cfg.to_str().unwrap()])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_for_metrics(&cut, 7, &mut child);
-    child.kill().unwrap();
-    child.wait().unwrap();
-    let at = state(&cut)["generation"].as_u64().unwrap();
-    assert!(at < 12, "the kill came after the end");
-    let o = bin()
-        .args(["run", cfg.to_str().unwrap(), "--resume"])
-        .output()
-        .unwrap();
-    exited(&o, 0);
+    let at = kill_and_resume(&cfg, &cut, 7, 12);
 
     assert_eq!(
         std::fs::read(whole.join("params.safetensors")).unwrap(),
@@ -343,4 +351,58 @@ fn slow_a_reward_run_with_adam_resumes_bit_for_bit() {
     let sgd = dir.path().join("sgd");
     exited(&run(&write(dir.path(), "s.toml", &config(&sgd, 6, ""))), 0);
     assert_ne!(bytes(&whole), bytes(&sgd), "adam stepped as sgd");
+}
+
+/// `layers = "loop"` holds the layers' leaves as `[L, …]` stacks on the devices and cuts
+/// them back into Hugging Face's per-layer tensors for the checkpoint: a looped reward run
+/// (unpaired low rank, greedy decoding, 8 devices) writes the same parameter bytes as the
+/// unrolled one, and killed after generation 4 and resumed from its checkpoint it writes
+/// them again.
+#[test]
+fn a_looped_reward_run_checkpoints_per_layer_and_resumes_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let looped = |out: &Path| {
+        target_token(out, 6, 2, "")
+            .replace("size = \"tiny\"", "size = \"tiny\"\nlayers = \"loop\"")
+            .replace("mirrored(lowrank(r=1))", "lowrank(r=1)")
+    };
+    let unrolled = dir.path().join("unrolled");
+    let cfg = write(
+        dir.path(),
+        "u.toml",
+        &target_token(&unrolled, 6, 2, "").replace("mirrored(lowrank(r=1))", "lowrank(r=1)"),
+    );
+    exited(&run(&cfg), 0);
+    let whole = dir.path().join("whole");
+    let cfg = write(dir.path(), "w.toml", &looped(&whole));
+    exited(&run(&cfg), 0);
+    let params = |out: &Path| std::fs::read(out.join("params.safetensors")).unwrap();
+    assert_eq!(
+        params(&whole),
+        params(&unrolled),
+        "looped and unrolled parameters differ"
+    );
+    let names: Vec<String> = shardes::io::read_params_inferred(whole.join("params.safetensors"))
+        .unwrap()
+        .leaves()
+        .into_iter()
+        .map(|(p, _)| p)
+        .collect();
+    assert!(
+        names
+            .iter()
+            .any(|p| p == "model.layers.1.mlp.up_proj.weight"),
+        "{names:?}"
+    );
+    assert!(!names.iter().any(|p| p.contains("stack")), "{names:?}");
+
+    let cut = dir.path().join("cut");
+    let cfg = write(dir.path(), "c.toml", &looped(&cut));
+    let at = kill_and_resume(&cfg, &cut, 4, 6);
+    assert_eq!(
+        params(&whole),
+        params(&cut),
+        "parameters differ after the resume from generation {at}"
+    );
+    assert_eq!(extras(&whole).len(), extras(&cut).len());
 }

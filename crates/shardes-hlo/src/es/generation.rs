@@ -465,7 +465,7 @@ impl<'a> Emitter<'a> {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn on_chunk<T>(
         &self,
-        params: &[Value],
+        slots: &[Value],
         base: &Keys,
         streams: &Keys,
         dirs: &Value,
@@ -477,14 +477,18 @@ impl<'a> Emitter<'a> {
         let group = match (&self.layers, all) {
             (Some(group), None) => group,
             _ => {
+                let params = self.layout.views(slots)?;
                 let noise = self.chunk_noise(streams, &self.active, dirs, all)?;
-                return model(&self.perturbed(params, leaves, &noise, signs)?, &noise);
+                return model(&self.perturbed(&params, leaves, &noise, signs)?, &noise);
             }
         };
         let rest: Vec<usize> = (0..leaves.len()).filter(|&p| !group.holds(p)).collect();
         let rest_leaves: Vec<LeafInfo> = rest.iter().map(|&p| leaves[p].clone()).collect();
         let rest_scales: Vec<LeafScale> = rest.iter().map(|&p| self.scales[p].clone()).collect();
-        let rest_params: Vec<Value> = rest.iter().map(|&p| params[p].clone()).collect();
+        let rest_params: Vec<Value> = rest
+            .iter()
+            .map(|&p| self.layout.leaf_value(slots, p))
+            .collect::<Result<_, _>>()?;
         let rest_active = sigma::active(&rest_leaves, &rest_scales);
         let noise = if rest_active.is_empty() {
             Vec::new()
@@ -493,9 +497,18 @@ impl<'a> Emitter<'a> {
             self.chunk_noise(&keys, &rest_active, dirs, None)?
         };
         let mp = self.perturb_leaves(&rest_params, &rest_leaves, &rest_scales, &noise, signs)?;
-        let values = group.layer_values(params)?;
+        // Layer `i`'s base leaves: rows of the layout's stacks, or with every leaf its own
+        // argument, picked by a `case`.
+        let stacks = group.stacks(self.layout, slots)?;
+        let values = match stacks {
+            Some(_) => Vec::new(),
+            None => group.layer_values(&self.layout.views(slots)?)?,
+        };
         let draw = |i: &Value| -> Result<ModelParams<'static>, EsError> {
-            let bases = LayerGroup::select(&values, i)?;
+            let bases = match &stacks {
+                Some(stacks) => LayerGroup::rows(stacks, i)?,
+                None => LayerGroup::select(&values, i)?,
+            };
             let keys = group.streams(base, i)?;
             let noise = self.chunk_noise(&keys, group.active0(), dirs, None)?;
             self.perturb_leaves(&bases, group.leaves0(), group.scales0(), &noise, signs)

@@ -20,6 +20,7 @@ use crate::builder::{TensorType, Value};
 use crate::prng::emit::Keys;
 
 use super::error::{invalid, EsError};
+use super::layout::Layout;
 use super::model::{LayerLeaves, LayerSource, ModelParams};
 use super::sigma::LeafScale;
 use super::strategy::LeafInfo;
@@ -169,6 +170,85 @@ impl LayerGroup {
         let zero = f.scalar(0i32)?;
         let row = table.dynamic_slice(&[i, &zero], &[1, a])?.reshape(&[a])?;
         Ok(base.fold_in(&row)?)
+    }
+
+    /// The layout's stacks of this group's leaves, in [`LayerLeaves::names`] order, from
+    /// the parameter arguments' values `slots`; `None` when the layout holds the layers'
+    /// leaves as arguments of their own.
+    pub(super) fn stacks(
+        &self,
+        layout: &Layout,
+        slots: &[Value],
+    ) -> Result<Option<Vec<Value>>, EsError> {
+        let mut out = Vec::with_capacity(self.leaves0.len());
+        for j in 0..self.leaves0.len() {
+            let column: Vec<usize> = self.pos.iter().map(|row| row[j]).collect();
+            let Some(s) = layout.stacks.iter().position(|st| st.positions == column) else {
+                return Ok(None);
+            };
+            let v = layout.stack_value(slots, s).ok_or_else(|| {
+                invalid(
+                    format!("no parameter value for stack `{}`", layout.stacks[s].name),
+                    "pass one value per parameter argument of the layout".into(),
+                )
+            })?;
+            out.push(v.clone());
+        }
+        Ok(Some(out))
+    }
+
+    /// Layer `i`'s leaves (`i` an i32 scalar) as rows of `stacks` (`[L, …]` each, in
+    /// [`LayerLeaves::names`] order). A matrix is a `dynamic_slice` of its stack, which
+    /// its dot reads in place; a 1-D leaf is handed over by a `case` on `i`. A 1-D row
+    /// sliced dynamically is fused into the elementwise kernels that perturb and apply it,
+    /// which rearranges their loops and with them where LLVM forms fused multiply-adds:
+    /// the last bits of the losses then move against the unrolled program (measured on
+    /// `tests/qwen2_layers.rs`'s models, unpaired low rank on one device: 1 ulp), where
+    /// through the `case` they are the same bits.
+    pub(super) fn rows(stacks: &[Value], i: &Value) -> Result<Vec<Value>, EsError> {
+        let f = i.func();
+        let zero = f.scalar(0i32)?;
+        let small: Vec<usize> = (0..stacks.len())
+            .filter(|&j| stacks[j].rank() < 3)
+            .collect();
+        let mut out: Vec<Option<Value>> = vec![None; stacks.len()];
+        for (j, st) in stacks.iter().enumerate() {
+            if small.contains(&j) {
+                continue;
+            }
+            let shape = &st.shape()[1..];
+            let mut at = vec![i.clone()];
+            at.resize(st.rank(), zero.clone());
+            let at: Vec<&Value> = at.iter().collect();
+            let mut sizes = vec![1];
+            sizes.extend_from_slice(shape);
+            out[j] = Some(st.dynamic_slice(&at, &sizes)?.reshape(shape)?);
+        }
+        if !small.is_empty() {
+            let layers = stacks[small[0]].shape()[0];
+            let types: Vec<TensorType> = small
+                .iter()
+                .map(|&j| TensorType::f32(&stacks[j].shape()[1..]))
+                .collect();
+            let branches: Vec<_> = (0..layers)
+                .map(|l| {
+                    let small = &small;
+                    move || -> Result<Vec<Value>, EsError> {
+                        small
+                            .iter()
+                            .map(|&j| {
+                                let st = &stacks[j];
+                                Ok(st.slice_in_dim(l, l + 1, 0)?.reshape(&st.shape()[1..])?)
+                            })
+                            .collect()
+                    }
+                })
+                .collect();
+            for (&j, v) in small.iter().zip(f.case(i, &types, branches)?) {
+                out[j] = Some(v);
+            }
+        }
+        Ok(out.into_iter().flatten().collect())
     }
 
     /// The layer leaves `values` (per layer, in [`LayerLeaves::names`] order) of layer

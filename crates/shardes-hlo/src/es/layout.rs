@@ -21,10 +21,19 @@
 //! layout. The program entry points declare their arguments ([`Layout::declare`]) and emit
 //! their results ([`Layout::emit`]) through it; a host builds each device's argument list
 //! with [`Layout::args`] and takes its results apart with [`Layout::split_results`].
+//!
+//! `params…` are the layout's parameter *slots* ([`Layout::slots`]): one per leaf, except
+//! that a model whose layers are a loop ([`Layout::with_layers`]) has each layer leaf name
+//! held as one `[L, …]` argument (a [`Stack`]) in the place of its layer-0 leaf, so that a
+//! layer's weights are read by a `dynamic_slice` of the stacks and a leaf name's update is
+//! one kernel for every layer. The tree, checkpoints, the optimizer's state and the sums
+//! of a run across processes stay per leaf: [`Layout::views`] gives the emitter every
+//! leaf's value from the slots and [`Layout::restack`] the slots from every leaf's value.
 
 use crate::builder::{DType, Func, Sharding, TensorType, Value};
 
 use super::error::{invalid, EsError};
+use super::model::LayerLeaves;
 use super::strategy::LeafInfo;
 
 /// Which program a [`Layout`] describes.
@@ -94,6 +103,66 @@ pub struct Layout {
     /// [`ProgramKind::Update`] program takes: those that get noise ([`Layout::with_sums`];
     /// all leaves by default); empty for the other kinds.
     pub sums: Vec<LeafInfo>,
+    /// The layer leaves held as `[L, …]` arguments ([`Layout::with_layers`]); empty
+    /// unless the model's layers are a loop.
+    pub stacks: Vec<Stack>,
+    /// The parameter arguments (and results) in order: [`Slot::Leaf`] for each leaf outside
+    /// the stacks, [`Slot::Stack`] where a stack's layer-0 leaf would be.
+    slots: Vec<Slot>,
+}
+
+/// One layer leaf name of every layer, held as one `[L, …]` argument: row `l` is layer
+/// `l`'s leaf.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stack {
+    /// The argument's name, `{prefix}stack.{name}` (e.g. `model.layers.stack.mlp.up_proj.weight`).
+    pub name: String,
+    /// The leaf positions of layers `0..L`, in order.
+    pub positions: Vec<usize>,
+    /// One layer's leaf shape (the argument is `[L, ..shape]`).
+    pub shape: Vec<i64>,
+}
+
+impl Stack {
+    /// The argument's type, `f32[L, ..shape]`.
+    pub fn ty(&self) -> TensorType {
+        let mut shape = vec![self.positions.len() as i64];
+        shape.extend_from_slice(&self.shape);
+        TensorType::f32(&shape)
+    }
+
+    /// Row `l` of the stack's value `v`: layer `l`'s leaf.
+    pub fn row(&self, v: &Value, l: usize) -> Result<Value, EsError> {
+        let l = l as i64;
+        Ok(v.slice_in_dim(l, l + 1, 0)?.reshape(&self.shape)?)
+    }
+
+    /// The stack's value from its layers' leaves `rows` (one per layer, in order).
+    pub fn join(&self, rows: &[Value]) -> Result<Value, EsError> {
+        let first = rows.first().ok_or_else(|| {
+            invalid(
+                format!("no rows for stack `{}`", self.name),
+                "pass one value per layer".into(),
+            )
+        })?;
+        let mut shape = vec![1];
+        shape.extend_from_slice(&self.shape);
+        let rows = rows
+            .iter()
+            .map(|r| r.reshape(&shape))
+            .collect::<Result<Vec<_>, _>>()?;
+        let rows: Vec<&Value> = rows.iter().collect();
+        Ok(first.func().concatenate(&rows, 0)?)
+    }
+}
+
+/// What one parameter argument holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Slot {
+    /// The leaf at this position of [`Layout::leaves`].
+    Leaf(usize),
+    /// The stack at this position of [`Layout::stacks`].
+    Stack(usize),
 }
 
 /// A program's arguments by role, in the order of [`Layout::args`].
@@ -148,6 +217,7 @@ impl Layout {
             ProgramKind::Update => sum_types(&sums),
             _ => batch,
         };
+        let slots = (0..leaves.len()).map(Slot::Leaf).collect();
         Layout {
             kind,
             leaves,
@@ -157,7 +227,161 @@ impl Layout {
             outputs: Vec::new(),
             opt_state: Vec::new(),
             sums,
+            stacks: Vec::new(),
+            slots,
         }
+    }
+
+    /// The same layout with the layer leaves of `layers` (a model's
+    /// [`crate::es::Model::layers`]) held as `[L, …]` stacks, one per leaf name. All or
+    /// nothing: when a layer lacks one of the names or its shape differs from layer 0's,
+    /// every leaf stays its own argument. `None` (layers emitted unrolled) changes
+    /// nothing.
+    pub fn with_layers(self, layers: Option<&LayerLeaves>) -> Layout {
+        let stacks = layers.map(|spec| stacks_of(spec, &self.leaves));
+        self.with_stacks(stacks.unwrap_or_default())
+    }
+
+    /// The same layout with `stacks` (e.g. another layout's, for a state that programs of
+    /// several kinds share). Positions out of range or used twice leave every leaf its
+    /// own argument.
+    pub fn with_stacks(mut self, stacks: Vec<Stack>) -> Layout {
+        let mut owner: Vec<Option<(usize, usize)>> = vec![None; self.leaves.len()];
+        let mut fits = true;
+        for (s, st) in stacks.iter().enumerate() {
+            for (l, &p) in st.positions.iter().enumerate() {
+                match owner.get_mut(p) {
+                    Some(o @ None) if self.leaves[p].shape == st.shape => *o = Some((s, l)),
+                    _ => fits = false,
+                }
+            }
+        }
+        if !fits || stacks.is_empty() {
+            self.stacks = Vec::new();
+            self.slots = (0..self.leaves.len()).map(Slot::Leaf).collect();
+            return self;
+        }
+        self.slots = owner
+            .iter()
+            .enumerate()
+            .filter_map(|(p, o)| match o {
+                None => Some(Slot::Leaf(p)),
+                Some((s, 0)) => Some(Slot::Stack(*s)),
+                Some(_) => None,
+            })
+            .collect();
+        self.stacks = stacks;
+        self
+    }
+
+    /// The parameter arguments (and results) in order.
+    pub fn slots(&self) -> &[Slot] {
+        &self.slots
+    }
+
+    /// The type of each parameter argument, in [`Layout::slots`] order.
+    pub fn slot_types(&self) -> Vec<TensorType> {
+        self.slots.iter().map(|s| self.slot_type(*s)).collect()
+    }
+
+    fn slot_type(&self, slot: Slot) -> TensorType {
+        match slot {
+            Slot::Leaf(p) => TensorType::f32(&self.leaves[p].shape),
+            Slot::Stack(s) => self.stacks[s].ty(),
+        }
+    }
+
+    fn slot_name(&self, slot: Slot) -> &str {
+        match slot {
+            Slot::Leaf(p) => &self.leaves[p].path,
+            Slot::Stack(s) => &self.stacks[s].name,
+        }
+    }
+
+    /// Every leaf's value (in [`Layout::leaves`] order) from the parameter arguments'
+    /// values `slots`: a stacked leaf is its row of the stack.
+    pub fn views(&self, slots: &[Value]) -> Result<Vec<Value>, EsError> {
+        if slots.len() != self.slots.len() {
+            return Err(self.count_error(
+                "parameter values",
+                slots.len(),
+                self.slots.len(),
+                "one per parameter argument".into(),
+            ));
+        }
+        let mut out: Vec<Option<Value>> = vec![None; self.leaves.len()];
+        for (slot, v) in self.slots.iter().zip(slots) {
+            match *slot {
+                Slot::Leaf(p) => out[p] = Some(v.clone()),
+                Slot::Stack(s) => {
+                    let st = &self.stacks[s];
+                    for (l, &p) in st.positions.iter().enumerate() {
+                        out[p] = Some(st.row(v, l)?);
+                    }
+                }
+            }
+        }
+        out.into_iter().collect::<Option<Vec<_>>>().ok_or_else(|| {
+            invalid(
+                "a leaf is in no parameter argument".into(),
+                "report this: a layout's slots cover every leaf".into(),
+            )
+        })
+    }
+
+    /// Leaf `p`'s value from the parameter arguments' values `slots` (its row of a stack
+    /// where it is stacked).
+    pub fn leaf_value(&self, slots: &[Value], p: usize) -> Result<Value, EsError> {
+        let missing = || {
+            invalid(
+                format!("no parameter argument holds leaf {p}"),
+                "pass one value per parameter argument of the layout".into(),
+            )
+        };
+        for (slot, v) in self.slots.iter().zip(slots) {
+            match *slot {
+                Slot::Leaf(q) if q == p => return Ok(v.clone()),
+                Slot::Stack(s) => {
+                    let st = &self.stacks[s];
+                    if let Some(l) = st.positions.iter().position(|&q| q == p) {
+                        return st.row(v, l);
+                    }
+                }
+                Slot::Leaf(_) => {}
+            }
+        }
+        Err(missing())
+    }
+
+    /// The value of stack `s` among the parameter arguments' values `slots`.
+    pub fn stack_value<'v>(&self, slots: &'v [Value], s: usize) -> Option<&'v Value> {
+        let j = self.slots.iter().position(|&slot| slot == Slot::Stack(s))?;
+        slots.get(j)
+    }
+
+    /// The parameter arguments' values from every leaf's value `leaves` (in
+    /// [`Layout::leaves`] order): a stack is its layers' leaves, concatenated.
+    pub fn restack(&self, leaves: Vec<Value>) -> Result<Vec<Value>, EsError> {
+        if leaves.len() != self.leaves.len() {
+            return Err(self.count_error(
+                "leaf values",
+                leaves.len(),
+                self.leaves.len(),
+                "one per leaf".into(),
+            ));
+        }
+        self.slots
+            .iter()
+            .map(|slot| match *slot {
+                Slot::Leaf(p) => Ok(leaves[p].clone()),
+                Slot::Stack(s) => {
+                    let st = &self.stacks[s];
+                    let rows: Vec<Value> =
+                        st.positions.iter().map(|&p| leaves[p].clone()).collect();
+                    st.join(&rows)
+                }
+            })
+            .collect()
     }
 
     /// A partial or update layout over the sums of `leaves` only (those that get noise,
@@ -219,24 +443,24 @@ impl Layout {
 
     /// Index of the `key` argument (`u32[2]`), right after the parameters.
     pub fn key_arg(&self) -> usize {
-        self.leaves.len()
+        self.slots.len()
     }
 
     /// Index of the `generation` argument (u32 scalar).
     pub fn generation_arg(&self) -> usize {
-        self.leaves.len() + 1
+        self.slots.len() + 1
     }
 
     /// Index of the first batch argument (none for [`ProgramKind::Tell`] and
     /// [`ProgramKind::Partial`]; for [`ProgramKind::Update`], the first sum).
     pub fn batch_arg(&self) -> Option<usize> {
-        (!self.kind.takes_fitness()).then_some(self.leaves.len() + 2)
+        (!self.kind.takes_fitness()).then_some(self.slots.len() + 2)
     }
 
     /// Index of the fitness argument ([`ProgramKind::Tell`] and [`ProgramKind::Partial`]
     /// only).
     pub fn fitness_arg(&self) -> Option<usize> {
-        self.kind.takes_fitness().then_some(self.leaves.len() + 2)
+        self.kind.takes_fitness().then_some(self.slots.len() + 2)
     }
 
     /// The number of arguments.
@@ -247,7 +471,7 @@ impl Layout {
     /// Index of the `generation` result (none for [`ProgramKind::AskApply`] and
     /// [`ProgramKind::Outputs`]).
     pub fn generation_result(&self) -> Option<usize> {
-        self.returns_state().then_some(self.leaves.len())
+        self.returns_state().then_some(self.slots.len())
     }
 
     /// Whether the program returns new parameters and generation.
@@ -261,7 +485,7 @@ impl Layout {
     /// Index of the fitness result (none for [`ProgramKind::Tell`]).
     pub fn fitness_result(&self) -> Option<usize> {
         match self.kind {
-            ProgramKind::Generation => Some(self.leaves.len() + 1),
+            ProgramKind::Generation => Some(self.slots.len() + 1),
             ProgramKind::AskApply => Some(0),
             ProgramKind::Tell
             | ProgramKind::Outputs
@@ -306,7 +530,7 @@ impl Layout {
     /// [`ProgramKind::Outputs`]; a partial program's sums take their place).
     fn param_results(&self) -> usize {
         if self.returns_state() {
-            self.leaves.len()
+            self.slots.len()
         } else if self.kind == ProgramKind::Partial {
             self.sums.len()
         } else {
@@ -335,11 +559,11 @@ impl Layout {
     }
 
     fn describe_results(&self) -> String {
-        let l = self.leaves.len();
+        let l = self.slots.len();
         let main = match self.kind {
-            ProgramKind::Generation => format!("{l} leaves + generation + fitness"),
+            ProgramKind::Generation => format!("{l} parameters + generation + fitness"),
             ProgramKind::AskApply => "fitness".into(),
-            ProgramKind::Tell | ProgramKind::Update => format!("{l} leaves + generation"),
+            ProgramKind::Tell | ProgramKind::Update => format!("{l} parameters + generation"),
             ProgramKind::Partial => format!("{} sums, one per leaf with noise", self.sums.len()),
             ProgramKind::Outputs => self
                 .outputs
@@ -362,20 +586,20 @@ impl Layout {
             .join(", ")
     }
 
-    /// Declares the arguments of `f` in order, every one replicated: the parameters (f32,
-    /// named by their paths) and `generation` donated to their results where the kind
-    /// donates, `key`, then the batch or the `fitness`, then the optimizer state (donated).
+    /// Declares the arguments of `f` in order, every one replicated: the parameter
+    /// slots (f32, named by their leaf paths or stack names) and `generation` donated to
+    /// their results where the kind donates, `key`, then the batch or the `fitness`, then
+    /// the optimizer state (donated).
     pub fn declare(&self, f: &Func) -> Result<ProgramArgs<Value>, EsError> {
-        let mut params = Vec::with_capacity(self.leaves.len());
-        for (j, l) in self.leaves.iter().enumerate() {
-            let (ty, sh) = (
-                TensorType::f32(&l.shape),
-                Sharding::replicated(l.shape.len()),
-            );
+        let mut params = Vec::with_capacity(self.slots.len());
+        for (j, slot) in self.slots.iter().enumerate() {
+            let ty = self.slot_type(*slot);
+            let sh = Sharding::replicated(ty.rank());
+            let name = self.slot_name(*slot);
             params.push(if self.donates() {
-                f.arg_donated(&l.path, ty, &sh, j)?
+                f.arg_donated(name, ty, &sh, j)?
             } else {
-                f.arg_sharded(&l.path, ty, &sh)?
+                f.arg_sharded(name, ty, &sh)?
             });
         }
         let key = f.arg_sharded("key", TensorType::u32(&[2]), &Sharding::replicated(1))?;
@@ -423,8 +647,8 @@ impl Layout {
                 f.output_sharded(u, &Sharding::split(l.shape.len() + 1, 0)?)?;
             }
         } else {
-            for (p, l) in results.params.iter().zip(&self.leaves) {
-                f.output_sharded(p, &Sharding::replicated(l.shape.len()))?;
+            for (p, ty) in results.params.iter().zip(self.slot_types()) {
+                f.output_sharded(p, &Sharding::replicated(ty.rank()))?;
             }
         }
         if let Some(g) = &results.generation {
@@ -445,7 +669,7 @@ impl Layout {
                 "parameter results",
                 r.params.len(),
                 self.param_results(),
-                "one per leaf",
+                "one per parameter argument",
             ),
             (
                 "generation results",
@@ -474,7 +698,8 @@ impl Layout {
         Ok(())
     }
 
-    /// One device's argument list, in order: `params` (one per leaf), `key`, `generation`,
+    /// One device's argument list, in order: `params` (one per [`Layout::slots`] entry),
+    /// `key`, `generation`,
     /// then `tail`, which is the batch (one per [`Layout::batch`] entry) or, for
     /// [`ProgramKind::Tell`], the one fitness. Works on anything a host passes (buffers,
     /// references to them, host arrays). A layout with optimizer state takes
@@ -506,7 +731,7 @@ impl Layout {
                 "parameter arguments",
                 out.len(),
                 self.key_arg(),
-                "one per leaf".into(),
+                "one per leaf or layer stack".into(),
             ));
         }
         out.push(key);
@@ -623,6 +848,38 @@ impl Layout {
         }
         Ok(results)
     }
+}
+
+/// The stacks of `spec`'s layer leaves among `leaves`: one per name, or none when a layer
+/// lacks a name or a layer's leaf has another shape than layer 0's.
+fn stacks_of(spec: &LayerLeaves, leaves: &[LeafInfo]) -> Vec<Stack> {
+    if spec.count == 0 {
+        return Vec::new();
+    }
+    let at: std::collections::BTreeMap<&str, usize> = leaves
+        .iter()
+        .enumerate()
+        .map(|(i, l)| (l.path.as_str(), i))
+        .collect();
+    let mut out = Vec::with_capacity(spec.names.len());
+    for name in &spec.names {
+        let Some(positions) = (0..spec.count)
+            .map(|l| at.get(spec.path(l, name).as_str()).copied())
+            .collect::<Option<Vec<usize>>>()
+        else {
+            return Vec::new();
+        };
+        let shape = leaves[positions[0]].shape.clone();
+        if positions.iter().any(|&p| leaves[p].shape != shape) {
+            return Vec::new();
+        }
+        out.push(Stack {
+            name: format!("{}stack.{name}", spec.prefix),
+            positions,
+            shape,
+        });
+    }
+    out
 }
 
 /// The sum arguments of an update program over `sums`: `u.<path>`, f32 of the leaf's shape.

@@ -42,7 +42,7 @@ pub mod strategy;
 
 pub use coupling::{Coupling, COUPLING_NAMES};
 pub use error::EsError;
-pub use layout::{Layout, ProgramArgs, ProgramKind, ProgramResults};
+pub use layout::{Layout, ProgramArgs, ProgramKind, ProgramResults, Slot, Stack};
 pub use model::{
     check_model, leaf_infos, Access, Finding, LayerLeaves, LayerSource, Model, ModelParams,
 };

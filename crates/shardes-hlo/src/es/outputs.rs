@@ -237,7 +237,8 @@ impl ShardedES {
             members.len(),
             1,
         )
-        .with_outputs(model.output_types());
+        .with_outputs(model.output_types())
+        .with_layers(model.layers().as_ref());
         let name = if perturbed {
             "outputs"
         } else {
@@ -374,8 +375,8 @@ impl OutputsEmitter<'_> {
                     let mp = ModelParams::plain(
                         leaves
                             .iter()
-                            .zip(params)
-                            .map(|(l, v)| (l.path.clone(), v.clone()))
+                            .zip(self.layout.views(params)?)
+                            .map(|(l, v)| (l.path.clone(), v))
                             .collect(),
                     )
                     .with_compute_dtype(self.es.compute_dtype())?;

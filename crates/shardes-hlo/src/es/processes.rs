@@ -144,7 +144,8 @@ impl ShardedES {
             members.len(),
             model.tasks(),
         )
-        .with_opt_state(self.optimizer.state_types(leaves));
+        .with_opt_state(self.optimizer.state_types(leaves))
+        .with_layers(model.layers().as_ref());
         build_on("ask_apply", devices, layout, |_, layout, args| {
             Emitter::new(self, layout, chunk)?
                 .with_members(members.start, members.len())
@@ -178,7 +179,8 @@ impl ShardedES {
             self.n,
             model.tasks(),
         )
-        .with_opt_state(self.optimizer.state_types(leaves));
+        .with_opt_state(self.optimizer.state_types(leaves))
+        .with_layers(model.layers().as_ref());
         if part.processes == 1 || self.how == How::A {
             // Every device contracts every member: one process's program, the same bits.
             return build_on("tell", devices, layout, |_, layout, args| {
@@ -234,7 +236,8 @@ impl ShardedES {
             self.n,
             model.tasks(),
         )
-        .with_sums(&active);
+        .with_sums(&active)
+        .with_layers(model.layers().as_ref());
         build_on("partial", devices, layout, |_, layout, args| {
             let fitness = fitness_arg(args, "partial")?;
             let emitter = Emitter::new(self, layout, chunk)?
@@ -258,14 +261,22 @@ impl ShardedES {
     /// `(params…, key, generation, u…, opt…) → (params'…, generation + 1, opt'…)` on
     /// process `part`'s devices: the update of `tell` (sgd's `θ − lr/(nσ) · u` or the
     /// optimizer's step) with the sum `u` over every member given, one per leaf that gets
-    /// noise. Parameters, generation and optimizer state are donated.
-    pub fn update_program(&self, leaves: &[LeafInfo], part: Part) -> Result<Program, EsError> {
+    /// noise. Parameters, generation and optimizer state are donated. `model` is the one
+    /// the partial programs evaluate: only its [`Model::layers`] is read, which says how
+    /// the parameters are held ([`Layout::with_layers`]).
+    pub fn update_program(
+        &self,
+        model: &dyn Model,
+        leaves: &[LeafInfo],
+        part: Part,
+    ) -> Result<Program, EsError> {
         check_leaves(leaves)?;
         let devices = self.local_devices(part)?;
         let active = self.active_leaves(leaves)?;
         let layout = Layout::new(ProgramKind::Update, leaves.to_vec(), Vec::new(), self.n, 1)
             .with_sums(&active)
-            .with_opt_state(self.optimizer.state_types(leaves));
+            .with_opt_state(self.optimizer.state_types(leaves))
+            .with_layers(model.layers().as_ref());
         build_on("update", devices, layout, |f, layout, args| {
             // The update only: no member is evaluated, so no chunk is needed.
             let (params, opt_state) = Emitter::new(self, layout, 1)?.update(

@@ -41,7 +41,8 @@ impl ShardedES {
         self.check_tasks(tasks)?;
         Ok(
             Layout::new(kind, leaves.to_vec(), model.batch_types(), self.n, tasks)
-                .with_opt_state(self.optimizer.state_types(leaves)),
+                .with_opt_state(self.optimizer.state_types(leaves))
+                .with_layers(model.layers().as_ref()),
         )
     }
 
@@ -121,7 +122,8 @@ impl ShardedES {
             self.n,
             tasks,
         )
-        .with_opt_state(self.optimizer.state_types(leaves));
+        .with_opt_state(self.optimizer.state_types(leaves))
+        .with_layers(model.layers().as_ref());
         self.build("tell", layout, |_, layout, args| {
             Emitter::new(self, layout, chunk)?
                 .with_layers(model.layers())
@@ -167,8 +169,8 @@ impl ShardedES {
             let params = args
                 .params
                 .iter()
-                .zip(&layout.leaves)
-                .map(|(p, l)| Ok(p.add(&f.full(0.0f32, &l.shape)?)?))
+                .zip(layout.slot_types())
+                .map(|(p, ty)| Ok(p.add(&f.full(0.0f32, &ty.shape)?)?))
                 .collect::<Result<Vec<Value>, EsError>>()?;
             let generation = args.generation.add(&f.scalar(1u32)?)?;
             let ty = layout.fitness_type();

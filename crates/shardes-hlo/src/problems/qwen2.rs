@@ -296,18 +296,19 @@ pub struct Qwen2 {
 ///
 /// Both run the same ops on the same values, layer by layer, and decode the same tokens;
 /// the loop compiles one layer's ops whatever the depth. Fitness and updates are the same
-/// bits, except under mirrored low rank on one device, where XLA:CPU compiles the unrolled
-/// attention differently from the loop body and a loss can differ in its last bits
-/// (measured: at most 2 ulp, `tests/qwen2_layers.rs`); the unrolled program stays the
-/// default so that existing runs reproduce bit for bit.
+/// bits, except under mirrored low rank on one device, where LLVM forms fused
+/// multiply-adds differently in the unrolled kernels than in the loop body and a loss can
+/// differ in its last bits (measured: at most 3 ulp, `tests/qwen2_layers.rs`); the
+/// unrolled program stays the default so that existing runs reproduce bit for bit.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Layers {
-    /// One `while` over the layer index; each iteration selects its layer's leaves (kept
-    /// per layer as in the tree) with a `case` on the index, so nothing is stacked or
-    /// copied up front. Under low-rank strategies the ES programs also draw and contract
-    /// each layer's noise in loops over the layer index ([`crate::es::Model::layers`]), so
-    /// the generation's compile time is nearly flat in depth; each member chunk copies
-    /// each layer's weights once (docs/performance.md, "Qwen2 layers as a loop").
+    /// One `while` over the layer index. The ES programs hold each layer leaf name as one
+    /// `[L, …]` argument on the devices (checkpoints and the tree keep the per-layer
+    /// tensors), the body reads layer `i`'s rows, and under low-rank strategies the noise
+    /// is drawn and contracted in loops over the layer index too
+    /// ([`crate::es::Model::layers`]), so the generation's compile time is nearly flat in
+    /// depth and a leaf name's update is one kernel for every layer (docs/performance.md,
+    /// "Qwen2 layers as a loop").
     Loop,
     /// Every layer's ops emitted one after the other (compile time grows with depth).
     #[default]

@@ -5,6 +5,7 @@
 use crate::builder::{Func, Sharding, Value};
 
 use super::super::error::{invalid, EsError};
+use super::super::layout::Slot;
 use super::super::optimizer::{OptimizerKind, Scales};
 use super::super::sigma::{Emission, LeafScale, LeafSigma, Step};
 use super::Emitter;
@@ -69,16 +70,91 @@ impl Emitter<'_> {
         )
     }
 
-    /// The update from the sum `u` of every leaf that gets noise: new parameters and the
+    /// The update from the sum `u` of every leaf that gets noise: the new parameter
+    /// arguments from `slots` (the layout's, [`super::super::Layout::slots`]) and the
     /// optimizer's new state from `opt` (`θ − lr/(nσ) · u` under sgd, each leaf with its
-    /// own σ; frozen leaves unchanged).
+    /// own σ; frozen leaves unchanged). Under plain sgd a layer stack whose layers share
+    /// one σ steps as one value (`θ_stack − lr/(nσ) · [u_0; …; u_{L−1}]`, the same
+    /// elementwise ops as leaf by leaf); otherwise each leaf steps on its own, read from
+    /// and written back into its stack.
     pub(in crate::es) fn update(
         &self,
         f: &Func,
-        params: &[Value],
+        slots: &[Value],
         u: Vec<Value>,
         opt: &[Value],
     ) -> Result<(Vec<Value>, Vec<Value>), EsError> {
+        if self.layout.stacks.is_empty() || !self.plain_sgd() {
+            let params = self.layout.views(slots)?;
+            let (params, opt) = self.update_leaves(f, &params, u, opt)?;
+            return Ok((self.layout.restack(params)?, opt));
+        }
+        self.check_sums(&u)?;
+        let steps = Emission::new(&self.scales).steps(f, self.es.lr, self.es.n)?;
+        // Each leaf's sum, by leaf position (frozen leaves have none).
+        let mut u = u.into_iter();
+        let sums: Vec<Option<Value>> = steps
+            .iter()
+            .map(|step| match step {
+                Step::Frozen => None,
+                _ => u.next(),
+            })
+            .collect();
+        let missing = || {
+            invalid(
+                "one contraction per unfrozen leaf".into(),
+                "contract every unfrozen leaf".into(),
+            )
+        };
+        let layout = self.layout;
+        let mut out = Vec::with_capacity(slots.len());
+        for (slot, theta) in layout.slots().iter().zip(slots) {
+            let next = match *slot {
+                Slot::Leaf(p) => step(theta, &steps[p], sums[p].as_ref())?,
+                Slot::Stack(s) => {
+                    let st = &layout.stacks[s];
+                    let p0 = st.positions[0];
+                    let shared = st
+                        .positions
+                        .iter()
+                        .all(|&p| self.scales[p] == self.scales[p0]);
+                    match (&steps[p0], shared) {
+                        (Step::Frozen, true) => theta.clone(),
+                        (Step::Scalar(scale), true) => {
+                            let rows = st
+                                .positions
+                                .iter()
+                                .map(|&p| sums[p].clone().ok_or_else(missing))
+                                .collect::<Result<Vec<Value>, EsError>>()?;
+                            theta.sub(&st.join(&rows)?.mul(scale)?)?
+                        }
+                        _ => {
+                            let rows = st
+                                .positions
+                                .iter()
+                                .enumerate()
+                                .map(|(l, &p)| {
+                                    step(&st.row(theta, l)?, &steps[p], sums[p].as_ref())
+                                })
+                                .collect::<Result<Vec<Value>, EsError>>()?;
+                            st.join(&rows)?
+                        }
+                    }
+                }
+            };
+            out.push(next);
+        }
+        Ok((out, opt.to_vec()))
+    }
+
+    /// Whether the update is plain sgd (each leaf's own σ), not the optimizer's step.
+    fn plain_sgd(&self) -> bool {
+        matches!(self.es.optimizer.kind, OptimizerKind::Sgd)
+            && self.es.optimizer.weight_decay == 0.0
+    }
+
+    /// Refuses a number of sums other than one per leaf that gets noise.
+    fn check_sums(&self, u: &[Value]) -> Result<(), EsError> {
         if u.len() != self.active.len() {
             return Err(invalid(
                 format!(
@@ -89,11 +165,21 @@ impl Emitter<'_> {
                 "pass one sum per unfrozen leaf, in leaf order".into(),
             ));
         }
+        Ok(())
+    }
+
+    /// [`Emitter::update`] on every leaf's value `params`.
+    fn update_leaves(
+        &self,
+        f: &Func,
+        params: &[Value],
+        u: Vec<Value>,
+        opt: &[Value],
+    ) -> Result<(Vec<Value>, Vec<Value>), EsError> {
+        self.check_sums(&u)?;
         // Plain sgd is the per-leaf σ update below; anything else (weight decay included)
         // is the optimizer's step, which takes one scalar σ.
-        let plain_sgd = matches!(self.es.optimizer.kind, OptimizerKind::Sgd)
-            && self.es.optimizer.weight_decay == 0.0;
-        if !plain_sgd {
+        if !self.plain_sgd() {
             let uniform = self.scales.iter().all(
                 |s| matches!(s, LeafScale::Sigma(LeafSigma::Scalar(x)) if *x == self.es.sigma),
             );
@@ -122,23 +208,32 @@ impl Emitter<'_> {
         let steps = Emission::new(&self.scales).steps(f, self.es.lr, self.es.n)?;
         let params = params
             .iter()
-            .zip(steps)
-            .map(|(theta, step)| {
-                let mut next = || {
-                    u.next().ok_or_else(|| {
-                        invalid(
-                            "one contraction per unfrozen leaf".into(),
-                            "contract every unfrozen leaf".into(),
-                        )
-                    })
+            .zip(&steps)
+            .map(|(theta, st)| {
+                let sum = match st {
+                    Step::Frozen => None,
+                    _ => u.next(),
                 };
-                Ok(match step {
-                    Step::Frozen => theta.clone(),
-                    Step::Scalar(scale) => theta.sub(&next()?.mul(&scale)?)?,
-                    Step::Separable { s, scale } => theta.sub(&next()?.div(&s)?.mul(&scale)?)?,
-                })
+                step(theta, st, sum.as_ref())
             })
             .collect::<Result<Vec<Value>, EsError>>()?;
         Ok((params, opt.to_vec()))
     }
+}
+
+/// One leaf's (or one stack's) sgd step from its sum `u` (`None` only when frozen).
+fn step(theta: &Value, step: &Step, u: Option<&Value>) -> Result<Value, EsError> {
+    let u = || {
+        u.ok_or_else(|| {
+            invalid(
+                "one contraction per unfrozen leaf".into(),
+                "contract every unfrozen leaf".into(),
+            )
+        })
+    };
+    Ok(match step {
+        Step::Frozen => theta.clone(),
+        Step::Scalar(scale) => theta.sub(&u()?.mul(scale)?)?,
+        Step::Separable { s, scale } => theta.sub(&u()?.div(s)?.mul(scale)?)?,
+    })
 }

@@ -71,7 +71,7 @@ fn a_wrong_argument_count_names_the_list_and_what_it_holds() {
     let e = l.args(["b"], "key", "gen", ["x", "y"]).unwrap_err();
     assert_eq!(
         e.to_string(),
-        "the ask_apply program's parameter arguments: got 1, its layout has 2 (one per leaf)"
+        "the ask_apply program's parameter arguments: got 1, its layout has 2 (one per leaf or layer stack)"
     );
     let e = l.args(["b", "w"], "key", "gen", ["x"]).unwrap_err();
     assert_eq!(
@@ -125,7 +125,7 @@ fn a_wrong_result_count_is_refused() {
         .unwrap_err();
     assert_eq!(
         e.to_string(),
-        "the generation program's results: got 3, its layout has 4 (2 leaves + generation \
+        "the generation program's results: got 3, its layout has 4 (2 parameters + generation \
          + fitness)"
     );
     let e = layout(ProgramKind::Tell, 1)
@@ -133,7 +133,7 @@ fn a_wrong_result_count_is_refused() {
         .unwrap_err();
     assert!(e
         .to_string()
-        .contains("got 4, its layout has 3 (2 leaves + generation)"));
+        .contains("got 4, its layout has 3 (2 parameters + generation)"));
     assert!(layout(ProgramKind::AskApply, 1)
         .split_results(Vec::<u8>::new())
         .is_err());
@@ -285,7 +285,7 @@ fn optimizer_state_comes_last_where_the_program_donates() {
     let e = g.split_results(vec![1, 2, 3, 4]).unwrap_err();
     assert!(
         e.to_string()
-            .contains("(2 leaves + generation + fitness + 2 optimizer state)"),
+            .contains("(2 parameters + generation + fitness + 2 optimizer state)"),
         "{e}"
     );
     // ask_apply neither takes nor returns it.
@@ -372,4 +372,122 @@ fn leaves_out_of_order_are_refused() {
         e.contains("parameter `w`: leaf index 1 at position 0"),
         "{e}"
     );
+}
+
+/// Two layers of leaves `a` ([2, 3]) and `b` ([3]) between `emb` and `norm`, with layer
+/// 1's `b` of shape `b1`.
+fn layered(b1: &[i64]) -> Layout {
+    let paths: [(&str, &[i64]); 6] = [
+        ("emb", &[4]),
+        ("m.layers.0.a", &[2, 3]),
+        ("m.layers.0.b", &[3]),
+        ("m.layers.1.a", &[2, 3]),
+        ("m.layers.1.b", b1),
+        ("norm", &[3]),
+    ];
+    let leaves = paths
+        .iter()
+        .enumerate()
+        .map(|(index, (path, shape))| LeafInfo {
+            index,
+            path: (*path).into(),
+            shape: shape.to_vec(),
+        })
+        .collect();
+    Layout::new(ProgramKind::Generation, leaves, Vec::new(), 16, 1)
+}
+
+fn two_layers() -> LayerLeaves {
+    LayerLeaves {
+        prefix: "m.layers.".into(),
+        count: 2,
+        names: vec!["a".into(), "b".into()],
+    }
+}
+
+#[test]
+fn a_looped_model_s_layers_are_stacks_in_the_place_of_layer_0() {
+    let l = layered(&[3]).with_layers(Some(&two_layers()));
+    assert_eq!(
+        l.slots(),
+        [Slot::Leaf(0), Slot::Stack(0), Slot::Stack(1), Slot::Leaf(5)]
+    );
+    assert_eq!(l.stacks[0].name, "m.layers.stack.a");
+    assert_eq!(l.stacks[0].positions, [1, 3]);
+    assert_eq!(l.stacks[1].ty(), TensorType::f32(&[2, 3]));
+    assert_eq!((l.key_arg(), l.generation_arg(), l.arg_count()), (4, 5, 6));
+    assert_eq!(
+        (l.generation_result(), l.fitness_result()),
+        (Some(4), Some(5))
+    );
+    // The leaves stay what the tree has: the stacks change the arguments only.
+    assert_eq!(l.leaves.len(), 6);
+    let e = l.args([1, 2, 3], 0, 0, []).unwrap_err().to_string();
+    assert!(
+        e.contains("got 3, its layout has 4 (one per leaf or layer stack)"),
+        "{e}"
+    );
+}
+
+#[test]
+fn stacks_are_declared_whole_and_views_and_restack_are_inverse() {
+    let l = layered(&[3]).with_layers(Some(&two_layers()));
+    let sig = signature(&l, |a| {
+        let views = l.views(&a.params).unwrap();
+        assert_eq!(views.len(), 6);
+        assert_eq!(
+            views[3].shape(),
+            [2, 3],
+            "layer 1's `a`, a row of its stack"
+        );
+        assert_eq!(l.leaf_value(&a.params, 4).unwrap().shape(), [3]);
+        assert_eq!(l.stack_value(&a.params, 1).unwrap().shape(), [2, 3]);
+        let params = l.restack(views).unwrap();
+        assert_eq!(params[1].shape(), [2, 2, 3]);
+        ProgramResults {
+            params,
+            generation: Some(a.generation.clone()),
+            fitness: Some(a.key.func().full(0.0f32, &[16]).unwrap()),
+            opt_state: Vec::new(),
+        }
+    });
+    for arg in [
+        "%emb: tensor<4xf32>",
+        "%m.layers.stack.a: tensor<2x2x3xf32>",
+        "%m.layers.stack.b: tensor<2x3xf32>",
+        "%norm: tensor<3xf32>",
+    ] {
+        assert!(sig.contains(arg), "{arg} in {sig}");
+    }
+    assert!(!sig.contains("m.layers.0"), "{sig}");
+    assert!(sig.contains("-> (tensor<4xf32>"), "{sig}");
+    assert!(sig.contains("tensor<2x2x3xf32> {sdy.sharding = #sdy.sharding<@mesh, [{}, {}, {}]>}, tensor<2x3xf32>"), "{sig}");
+}
+
+#[test]
+fn layers_that_do_not_stack_stay_leaves() {
+    let leaves = |l: &Layout| l.slots().iter().all(|s| matches!(s, Slot::Leaf(_)));
+    // Layer 1's `b` has another shape than layer 0's.
+    let l = layered(&[4]).with_layers(Some(&two_layers()));
+    assert!(l.stacks.is_empty() && leaves(&l) && l.slots().len() == 6);
+    // A layer the tree lacks.
+    let mut three = two_layers();
+    three.count = 3;
+    let l = layered(&[3]).with_layers(Some(&three));
+    assert!(l.stacks.is_empty() && leaves(&l));
+    // Layers unrolled.
+    assert!(leaves(&layered(&[3]).with_layers(None)));
+    // Another layout's stacks that do not fit these leaves.
+    let stacks = layered(&[3]).with_layers(Some(&two_layers())).stacks;
+    let mut bad = stacks.clone();
+    bad[0].positions = vec![1, 9];
+    assert!(leaves(&layered(&[3]).with_stacks(bad)));
+    let mut twice = stacks.clone();
+    twice[1] = Stack {
+        name: "m.layers.stack.again".into(),
+        ..stacks[0].clone()
+    };
+    assert!(leaves(&layered(&[3]).with_stacks(twice)));
+    let kept = layered(&[3]).with_stacks(stacks.clone());
+    assert_eq!(kept.stacks, stacks);
 }

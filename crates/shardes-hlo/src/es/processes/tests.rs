@@ -111,7 +111,7 @@ fn partial_and_update_programs_follow_their_layouts() {
     let t = partial.module.to_mlir();
     assert!(!t.contains("tf.aliasing_output"), "nothing donated");
     assert!(t.contains("%fitness: tensor<64xf32>"), "the whole fitness");
-    let update = es.update_program(&leaves, part).unwrap();
+    let update = es.update_program(&tb, &leaves, part).unwrap();
     let l = &update.layout;
     assert_eq!(l.kind, ProgramKind::Update);
     assert_eq!(l.batch.len(), leaves.len());

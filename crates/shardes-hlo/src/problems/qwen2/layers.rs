@@ -1,17 +1,16 @@
 //! The decoder layers as one `while` over the layer index ([`super::Layers::Loop`]).
 //!
-//! The tree keeps Hugging Face's per-layer leaves (`model.layers.{l}.…`), and so does the
-//! program: each leaf stays its own argument with its own index and noise stream. The
-//! loop reads layer `i` from a [`LayerStack`]: either the parameters' own leaves, a
-//! `stablehlo.case` on the layer index handing the body that layer's values (base
-//! weights, low-rank factors and scales, perturbed 1-D leaves), or the ES program's
-//! [`LayerSource`], which selects the base weights with a `case` and draws the layer's
-//! noise inside the loop body (low-rank strategies, [`crate::es::Model::layers`]). Either
-//! way the body reads them through the seams exactly as layer 0 of the unrolled program
-//! would. Nothing is stacked up front: a stacked copy of the layer
-//! weights would cost their size again in device memory every generation, while the
-//! `case` copies one layer's leaves at a time (the same traffic as a `dynamic_slice` of a
-//! stacked array). Only the KV cache, which the loop writes, is stacked (`[L, …]`).
+//! The tree keeps Hugging Face's per-layer leaves (`model.layers.{l}.…`), each with its
+//! own index and noise stream. The ES programs hold each layer leaf name as one `[L, …]`
+//! argument on the devices ([`crate::es::Layout::with_layers`]): the loop reads layer `i`
+//! from a [`LayerStack`], either the ES program's [`LayerSource`], which takes the base
+//! weights from the stacks (a matrix by a `dynamic_slice` its dot reads in place, the 1-D
+//! leaves by a `case`) and draws the layer's noise inside the loop body (low-rank
+//! strategies, [`crate::es::Model::layers`]), or, where the program hands the model every
+//! leaf on its own (dense noise, unperturbed outputs), a `stablehlo.case` on the layer
+//! index handing the body that layer's values (base weights, perturbed leaves). Either way
+//! the body reads them through the seams exactly as layer 0 of the unrolled program
+//! would. The KV cache, which the loop writes, is stacked too (`[L, …]`).
 //!
 //! The loop's carry must keep its types: when the hidden state enters shared (an
 //! unperturbed embedding) but the layers are perturbed, layer 0 is emitted before the loop
