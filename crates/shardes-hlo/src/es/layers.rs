@@ -198,8 +198,9 @@ impl LayerGroup {
     }
 
     /// Layer `i`'s leaves (`i` an i32 scalar) as rows of `stacks` (`[L, …]` each, in
-    /// [`LayerLeaves::names`] order). A matrix is a `dynamic_slice` of its stack, which
-    /// its dot reads in place; a 1-D leaf is handed over by a `case` on `i`. A 1-D row
+    /// [`LayerLeaves::names`] order). A matrix is a `dynamic_slice` of its stack (XLA:CPU
+    /// copies the row for its dot, once per member chunk: docs/performance.md, "Qwen2
+    /// layers as a loop"); a 1-D leaf is handed over by a `case` on `i`. A 1-D row
     /// sliced dynamically is fused into the elementwise kernels that perturb and apply it,
     /// which rearranges their loops and with them where LLVM forms fused multiply-adds:
     /// the last bits of the losses then move against the unrolled program (measured on

@@ -4,8 +4,8 @@
 //! own index and noise stream. The ES programs hold each layer leaf name as one `[L, …]`
 //! argument on the devices ([`crate::es::Layout::with_layers`]): the loop reads layer `i`
 //! from a [`LayerStack`], either the ES program's [`LayerSource`], which takes the base
-//! weights from the stacks (a matrix by a `dynamic_slice` its dot reads in place, the 1-D
-//! leaves by a `case`) and draws the layer's noise inside the loop body (low-rank
+//! weights from the stacks (a matrix by a `dynamic_slice`, which XLA:CPU copies for its
+//! dot, the 1-D leaves by a `case`) and draws the layer's noise inside the loop body (low-rank
 //! strategies, [`crate::es::Model::layers`]), or, where the program hands the model every
 //! leaf on its own (dense noise, unperturbed outputs), a `stablehlo.case` on the layer
 //! index handing the body that layer's values (base weights, perturbed leaves). Either way
