@@ -1,5 +1,6 @@
 use super::*;
 use crate::builder::{Mesh, Module};
+use crate::es::model::LayerLeaves;
 
 fn layout(kind: ProgramKind, tasks: usize) -> Layout {
     let leaf = |index: usize, path: &str, shape: &[i64]| LeafInfo {
