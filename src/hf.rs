@@ -1,4 +1,4 @@
-//! Loading Hugging Face Qwen2 checkpoints: `config.json` plus one `model.safetensors` or
+//! Loading Hugging Face decoder checkpoints (the families of [`crate::family`]): `config.json` plus one `model.safetensors` or
 //! several shards listed in `model.safetensors.index.json`.
 //!
 //! The files are memory-mapped and each tensor is converted straight from the mapping into
@@ -51,7 +51,11 @@ pub enum HfError {
         cause: serde_json::Error,
     },
     /// The config describes another architecture.
-    #[error("{} has model_type `{got}`; only `qwen2` checkpoints are supported", path.display())]
+    #[error(
+        "{} has model_type `{got}`, a family shardes does not read; it reads {}",
+        path.display(),
+        crate::family::known_model_types()
+    )]
     ModelType {
         /// The config file.
         path: PathBuf,
@@ -167,8 +171,9 @@ pub enum HfError {
     },
     /// `config.json` asks for a feature the forward does not implement.
     #[error(
-        "{}: `{field}` = {value} is not supported (shardes implements Qwen2 with SiLU, full \
-         attention and default rotary embeddings); use a checkpoint without it",
+        "{}: `{field}` = {value} is not supported (shardes implements decoders with SiLU, \
+         full attention and default, linear or llama3 rotary embeddings); use a checkpoint \
+         without it",
         path.display()
     )]
     Unsupported {
@@ -208,20 +213,14 @@ struct RawConfig {
     rope_theta: Option<f64>,
     /// transformers ≥ 5 writes the rotary settings here instead of `rope_theta`.
     rope_parameters: Option<RopeParameters>,
-    /// transformers 4 spelling of non-default rotary scaling.
-    rope_scaling: Option<RopeParameters>,
     rms_norm_eps: Option<f64>,
     tie_word_embeddings: Option<bool>,
     hidden_act: Option<String>,
-    use_sliding_window: Option<bool>,
 }
 
 #[derive(Deserialize)]
 struct RopeParameters {
     rope_theta: Option<f64>,
-    rope_type: Option<String>,
-    #[serde(rename = "type")]
-    kind: Option<String>,
 }
 
 /// A `config.json` as read: the model's hyperparameters plus the fields that bound its
@@ -230,11 +229,13 @@ struct RopeParameters {
 pub struct HfConfig {
     /// What the forward needs.
     pub config: Qwen2Config,
+    /// The family `model_type` names ([`crate::family::Family::name`]).
+    pub family: &'static str,
     /// The longest sequence the model was trained for, when the file says.
     pub max_position_embeddings: Option<usize>,
 }
 
-/// Parses a Hugging Face Qwen2 `config.json` text. Missing optional fields take the
+/// Parses a Hugging Face `config.json` text of a family [`crate::family`] reads. Missing optional fields take the
 /// `transformers` defaults (`num_key_value_heads = num_attention_heads`,
 /// `rope_theta = 10000`, `rms_norm_eps = 1e-6`, `tie_word_embeddings = false`).
 pub fn parse_config(text: &str, path: &Path) -> Result<Qwen2Config, HfError> {
@@ -269,14 +270,12 @@ pub fn parse_hf_config(text: &str, path: &Path) -> Result<HfConfig, HfError> {
     }
     // From the text again, not the value: a key given twice stays an error.
     let raw: RawConfig = serde_json::from_str(text).map_err(json_error)?;
-    if let Some(t) = raw.model_type.as_deref() {
-        if t != "qwen2" {
-            return Err(HfError::ModelType {
-                path: path.to_path_buf(),
-                got: shardes_hlo::es::spec::excerpt(t),
-            });
-        }
-    }
+    // A config without `model_type` is read as Qwen2, as shardes always did.
+    let model_type = raw.model_type.as_deref().unwrap_or("qwen2");
+    let family = crate::family::by_model_type(model_type).ok_or_else(|| HfError::ModelType {
+        path: path.to_path_buf(),
+        got: shardes_hlo::es::spec::excerpt(model_type),
+    })?;
     let unsupported = |field: &str, value: String| HfError::Unsupported {
         path: path.to_path_buf(),
         field: field.to_string(),
@@ -287,26 +286,10 @@ pub fn parse_hf_config(text: &str, path: &Path) -> Result<HfConfig, HfError> {
             return Err(unsupported("hidden_act", act.to_string()));
         }
     }
-    if raw.use_sliding_window == Some(true) {
-        return Err(unsupported("use_sliding_window", "true".into()));
-    }
-    for (field, rope) in [
-        ("rope_parameters", &raw.rope_parameters),
-        ("rope_scaling", &raw.rope_scaling),
-    ] {
-        if let Some(kind) = rope
-            .as_ref()
-            .and_then(|r| r.rope_type.as_deref().or(r.kind.as_deref()))
-        {
-            if kind != "default" {
-                return Err(unsupported(field, format!("rope_type \"{kind}\"")));
-            }
-        }
-    }
     let rope_theta = raw
         .rope_theta
         .or_else(|| raw.rope_parameters.as_ref().and_then(|r| r.rope_theta));
-    let c = Qwen2Config {
+    let mut c = Qwen2Config {
         vocab_size: raw.vocab_size,
         hidden_size: raw.hidden_size,
         intermediate_size: raw.intermediate_size,
@@ -316,7 +299,9 @@ pub fn parse_hf_config(text: &str, path: &Path) -> Result<HfConfig, HfError> {
         rope_theta: rope_theta.unwrap_or(10_000.0),
         rms_norm_eps: raw.rms_norm_eps.unwrap_or(1e-6),
         tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
+        ..Qwen2Config::tiny()
     };
+    (family.hf_settings)(&value, &mut c).map_err(|u| unsupported(&u.field, u.value))?;
     let config_error = |error| HfError::Config {
         path: path.to_path_buf(),
         error,
@@ -331,6 +316,7 @@ pub fn parse_hf_config(text: &str, path: &Path) -> Result<HfConfig, HfError> {
     }
     Ok(HfConfig {
         config: c,
+        family: family.name,
         max_position_embeddings: raw.max_position_embeddings,
     })
 }
@@ -743,13 +729,23 @@ mod tests {
         assert_eq!(c.num_key_value_heads, 2);
         assert!(!c.tie_word_embeddings);
         assert_eq!(c.rope_theta, 10_000.0);
-        let e = parse_config(
+        let l = parse_config(
             r#"{"model_type":"llama","vocab_size":64,"hidden_size":16,
                 "intermediate_size":32,"num_hidden_layers":1,"num_attention_heads":2}"#,
             p,
         )
-        .expect_err("llama is refused");
-        assert!(e.to_string().contains("llama"), "{e}");
+        .expect("llama is a family shardes reads");
+        assert!(!l.attention_bias && !l.tie_word_embeddings);
+        let e = parse_config(
+            r#"{"model_type":"gpt2","vocab_size":64,"hidden_size":16,
+                "intermediate_size":32,"num_hidden_layers":1,"num_attention_heads":2}"#,
+            p,
+        )
+        .expect_err("gpt2 is refused");
+        assert!(
+            e.to_string().contains("gpt2") && e.to_string().contains("`llama`"),
+            "{e}"
+        );
         let e = parse_config(r#"{"vocab_size":64}"#, p).expect_err("incomplete");
         assert!(e.to_string().contains("hidden_size"), "{e}");
     }

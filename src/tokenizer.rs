@@ -61,6 +61,17 @@ pub enum TokenizerError {
         /// Tokens per sequence.
         seq: usize,
     },
+    /// A GGUF file's tokenizer could not be read or built from its metadata.
+    #[error(
+        "cannot build a tokenizer from the GGUF file {}: {message}",
+        path.display()
+    )]
+    Gguf {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong (the message names the key or token and the fix).
+        message: String,
+    },
     /// A token id does not fit an i32 program input.
     #[error("token id {id} does not fit in i32; the vocabulary is too large")]
     IdRange {
@@ -83,6 +94,26 @@ impl Tokenizer {
             message: e.to_string(),
         })?;
         Ok(Tokenizer { inner })
+    }
+
+    /// Wraps a tokenizer built elsewhere (by [`crate::gguf_tokenizer::build`], say).
+    pub fn from_tokenizers(inner: tokenizers::Tokenizer) -> Tokenizer {
+        Tokenizer { inner }
+    }
+
+    /// Builds the tokenizer of a llama.cpp GGUF file from its `tokenizer.*` metadata, with
+    /// the split rules its `tokenizer.ggml.pre` names (see [`crate::gguf_tokenizer`]).
+    pub fn from_gguf(path: impl AsRef<Path>) -> Result<Tokenizer, TokenizerError> {
+        let path = path.as_ref();
+        let fail = |message: String| TokenizerError::Gguf {
+            path: path.to_path_buf(),
+            message,
+        };
+        let file = crate::gguf::GgufFile::open(path).map_err(|e| fail(e.to_string()))?;
+        let vocab =
+            crate::gguf_tokenizer::GgufVocab::from_gguf(&file).map_err(|e| fail(e.to_string()))?;
+        let inner = crate::gguf_tokenizer::build(&vocab).map_err(|e| fail(e.to_string()))?;
+        Ok(Tokenizer::from_tokenizers(inner))
     }
 
     /// Loads `dir/tokenizer.json`.

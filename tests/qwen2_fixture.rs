@@ -5,15 +5,16 @@
 //! Tolerances: logits ≤ 1e-4 absolute (f32 against PyTorch f32); greedy tokens and token
 //! ids exactly equal.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use shardes::hf::load_checkpoint;
-use shardes::hlo::builder::Module;
-use shardes::hlo::params::ParamTree;
 use shardes::hlo::problems::qwen2::{Qwen2, Qwen2Config};
-use shardes::runtime::{Buffer, Client, CompileOptions};
+use shardes::runtime::Client;
 use shardes::tokenizer::Tokenizer;
+use support::pretrained::run_one;
 
 #[derive(Deserialize)]
 struct Expected {
@@ -36,20 +37,6 @@ fn expected() -> Expected {
     serde_json::from_str(&text).expect("parse expected.json")
 }
 
-fn run1(c: &Client, m: &Module, tree: &ParamTree, input: &[i32], shape: &[usize]) -> Buffer {
-    let exe = c
-        .compile(&m.to_mlir(), &CompileOptions::new(1))
-        .unwrap_or_else(|e| panic!("compile failed: {e}"));
-    let mut args: Vec<Buffer> = tree
-        .leaves()
-        .into_iter()
-        .map(|(_, a)| c.buffer_from_host(a.data(), a.shape(), 0).expect("upload"))
-        .collect();
-    args.push(c.buffer_from_host(input, shape, 0).expect("ids"));
-    let refs: Vec<&Buffer> = args.iter().collect();
-    exe.execute(&[refs]).expect("execute").remove(0).remove(0)
-}
-
 #[test]
 fn checkpoint_config_is_the_tiny_preset() {
     let (cfg, tree) = load_checkpoint(fixture()).expect("load the transformers checkpoint");
@@ -69,7 +56,7 @@ fn logits_match_transformers() {
     let m = Qwen2::new(cfg, b, s)
         .logits_program(&tree)
         .expect("build logits");
-    let got = run1(&client, &m, &tree, &ids, &[b, s])
+    let got = run_one(&client, &m, &tree, &ids, &[b, s])
         .to_host::<f32>()
         .expect("logits");
     assert_eq!(got.len(), want.logits.len());
@@ -95,7 +82,7 @@ fn greedy_tokens_match_transformers_generate() {
         let m = Qwen2::new(cfg.clone(), 1, ids.len())
             .greedy_program(&tree, ids.len(), want.max_new_tokens)
             .expect("build greedy");
-        let got = run1(&client, &m, &tree, &ids, &[1, ids.len()])
+        let got = run_one(&client, &m, &tree, &ids, &[1, ids.len()])
             .to_host::<i32>()
             .expect("tokens");
         assert_eq!(&got, greedy, "prompt {prompt:?}");

@@ -1,4 +1,5 @@
-//! A Qwen2 model to decode with, from a checkpoint or a random size (a preset or custom
+//! A decoder model to decode with, from a checkpoint (a Hugging Face directory or a GGUF
+//! file, of any family [`crate::family`] reads) or a random Qwen2 size (a preset or custom
 //! dimensions, as loss problems take them): the model, its parameters, the run's key and
 //! the checkpoint's EOS and pad ids.
 
@@ -33,6 +34,8 @@ pub struct LoadedQwen2 {
     pub pad: Option<u32>,
     /// The forward's dtype (the cache's too).
     pub compute_dtype: DType,
+    /// The model's family ([`crate::family::Family::name`]; `qwen2` for a random size).
+    pub family: &'static str,
 }
 
 impl LoadedQwen2 {
@@ -71,12 +74,12 @@ impl PopulationDecoder {
     }
 }
 
-fn checkpoint_error(e: crate::hf::HfError) -> ProblemError {
+fn checkpoint_error(e: crate::pretrained::ModelError) -> ProblemError {
     ProblemError::Input {
         setting: Setting::Checkpoint,
         message: format!("checkpoint: {e}"),
-        fix: "point the checkpoint at a Hugging Face Qwen2 directory (config.json, \
-              generation_config.json and model.safetensors)"
+        fix: "point the checkpoint at a Hugging Face model directory (config.json, \
+              generation_config.json and model.safetensors) or a .gguf file"
             .into(),
     }
 }
@@ -91,18 +94,17 @@ pub fn load_qwen2(
 ) -> Result<LoadedQwen2, ProblemError> {
     let key = run_key(seed)?;
     match weights {
-        Qwen2Weights::Checkpoint(dir) => {
-            let hf = crate::hf::read_hf_config(dir).map_err(checkpoint_error)?;
-            let params = crate::hf::load_params(dir, &hf.config).map_err(checkpoint_error)?;
-            let ids = crate::hf::read_generation_ids(dir).map_err(checkpoint_error)?;
+        Qwen2Weights::Checkpoint(path) => {
+            let (info, params) = crate::pretrained::load(path).map_err(checkpoint_error)?;
             Ok(LoadedQwen2 {
-                config: hf.config,
+                config: info.config,
                 params,
                 key,
-                max_positions: hf.max_position_embeddings,
-                eos: ids.eos,
-                pad: ids.pad,
+                max_positions: info.max_positions,
+                eos: info.eos,
+                pad: info.pad,
                 compute_dtype,
+                family: info.family,
             })
         }
         Qwen2Weights::Random(size) => {
@@ -134,6 +136,7 @@ pub fn load_qwen2(
                 eos: Vec::new(),
                 pad: None,
                 compute_dtype,
+                family: "qwen2",
             })
         }
     }

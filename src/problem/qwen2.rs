@@ -53,6 +53,7 @@ struct Plan {
     seq: usize,
     target_tokens: usize,
     origin: String,
+    family: &'static str,
     dtype: DType,
     layers: Layers,
 }
@@ -180,12 +181,12 @@ pub fn qwen2_shapes_at_depth(
     Ok((deeper, leaves))
 }
 
-fn checkpoint_error(e: crate::hf::HfError) -> ProblemError {
+fn checkpoint_error(e: crate::pretrained::ModelError) -> ProblemError {
     ProblemError::input(
         Setting::Checkpoint,
         format!("checkpoint: {e}"),
-        "point the checkpoint at a Hugging Face Qwen2 directory (config.json and \
-         model.safetensors or model.safetensors.index.json with its shards)",
+        "point the checkpoint at a Hugging Face model directory (config.json and \
+         model.safetensors or model.safetensors.index.json with its shards) or a .gguf file",
     )
 }
 
@@ -240,14 +241,15 @@ pub fn config_of_size(size: &str) -> Result<Qwen2Config, ProblemError> {
 /// headers), the tokenizer, the data against the vocabulary and the model's positions,
 /// the batch and the sequence length.
 fn plan(source: &Qwen2Source) -> Result<Plan, ProblemError> {
-    let (cfg, max_positions, origin) = match &source.weights {
+    let (cfg, max_positions, origin, family) = match &source.weights {
         Qwen2Weights::Checkpoint(dir) => {
-            let hf = crate::hf::read_hf_config(dir).map_err(checkpoint_error)?;
-            crate::hf::check_checkpoint(dir, &hf.config).map_err(checkpoint_error)?;
+            let info = crate::pretrained::read_info(dir).map_err(checkpoint_error)?;
+            crate::pretrained::check_weights(dir, &info.config).map_err(checkpoint_error)?;
             (
-                hf.config,
-                hf.max_position_embeddings,
+                info.config,
+                info.max_positions,
                 format!("checkpoint {}", dir.display()),
+                info.family,
             )
         }
         Qwen2Weights::Random(size) => {
@@ -256,6 +258,7 @@ fn plan(source: &Qwen2Source) -> Result<Plan, ProblemError> {
                 cfg,
                 None,
                 format!("random {}", shardes_hlo::es::spec::excerpt(size)),
+                "qwen2",
             )
         }
     };
@@ -263,22 +266,23 @@ fn plan(source: &Qwen2Source) -> Result<Plan, ProblemError> {
         Qwen2Weights::Checkpoint(dir) => Some(dir),
         Qwen2Weights::Random(_) => None,
     };
-    let tokenizer_path = source
-        .tokenizer
-        .clone()
-        .or_else(|| checkpoint.map(|d| d.join("tokenizer.json")));
-    let tokenizer = match &tokenizer_path {
-        // A checkpoint without a tokenizer.json is fine as long as the data holds ids.
-        Some(path) if source.tokenizer.is_some() || path.is_file() => {
-            Some(Tokenizer::from_file(path).map_err(|e| {
-                ProblemError::input(
-                    Setting::Tokenizer,
-                    format!("tokenizer: {e}"),
-                    "point the tokenizer at a tokenizer.json of the `tokenizers` library",
-                )
-            })?)
-        }
-        _ => None,
+    let tokenizer = match (&source.tokenizer, checkpoint) {
+        (Some(path), _) => Some(Tokenizer::from_file(path).map_err(|e| {
+            ProblemError::input(
+                Setting::Tokenizer,
+                format!("tokenizer: {e}"),
+                "point the tokenizer at a tokenizer.json of the `tokenizers` library",
+            )
+        })?),
+        // A checkpoint without a tokenizer is fine as long as the data holds ids.
+        (None, Some(path)) => crate::pretrained::tokenizer(path).map_err(|e| {
+            ProblemError::input(
+                Setting::Tokenizer,
+                format!("tokenizer: {e}"),
+                "set the tokenizer to a tokenizer.json of the `tokenizers` library",
+            )
+        })?,
+        (None, None) => None,
     };
     let data = &source.data;
     let lines = read_examples_with_lines(data, tokenizer.as_ref(), cfg.vocab_size).map_err(
@@ -367,6 +371,7 @@ fn plan(source: &Qwen2Source) -> Result<Plan, ProblemError> {
         seq,
         target_tokens,
         origin,
+        family,
         dtype: source.compute_dtype,
         layers: source.layers,
     })
@@ -382,7 +387,8 @@ impl Plan {
     fn summary(&self) -> String {
         let cfg = &self.config;
         format!(
-            "qwen2 ({}: {} layers, d {}, vocab {}, {}; batch {}, seq {}, {} target tokens)",
+            "{} ({}: {} layers, d {}, vocab {}, {}; batch {}, seq {}, {} target tokens)",
+            self.family,
             self.origin,
             cfg.num_hidden_layers,
             cfg.hidden_size,
@@ -442,7 +448,7 @@ fn load(source: &Qwen2Source, k: Key) -> Result<Loaded, ProblemError> {
     let cfg = &plan.config;
     let params = match &source.weights {
         Qwen2Weights::Checkpoint(dir) => {
-            crate::hf::load_params(dir, cfg).map_err(checkpoint_error)?
+            crate::pretrained::load_params(dir, cfg).map_err(checkpoint_error)?
         }
         Qwen2Weights::Random(_) => cfg
             .init(k, 0.02)

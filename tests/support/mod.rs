@@ -16,6 +16,7 @@ pub mod control;
 pub mod decode;
 pub mod es;
 pub mod model;
+pub mod pretrained;
 pub mod shaping;
 pub mod tiny;
 

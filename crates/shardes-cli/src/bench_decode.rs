@@ -125,6 +125,7 @@ fn model(d: &DecodeSection) -> Result<LoadedQwen2> {
                 rope_theta: 10_000.0,
                 rms_norm_eps: 1e-6,
                 tie_word_embeddings: true,
+                ..Qwen2Config::tiny()
             };
             let key = shardes::hlo::prng::key(d.seed)
                 .map_err(|e| config_error(format!("decode.seed: {e}"), "use a seed below 2^63"))?;
@@ -139,6 +140,7 @@ fn model(d: &DecodeSection) -> Result<LoadedQwen2> {
                 eos: Vec::new(),
                 pad: None,
                 compute_dtype: dtype,
+                family: "qwen2",
             })
         }
         _ => Err(config_error(

@@ -24,6 +24,7 @@ use shardes::hlo::problems::leaf_infos_of_shapes;
 use shardes::hlo::problems::qwen2::Qwen2;
 use shardes::problem::qwen2::config_of_size;
 use shardes::DecodeConfig;
+use shardes::Qwen2Weights;
 
 use crate::config::{Config, ConfigError, ProblemConfig, TaskConfig};
 use crate::out::{outln, Stdout};
@@ -75,12 +76,10 @@ fn task_of(config: &Config) -> Result<&TaskConfig> {
 /// The decoding model of a `[task]` config by shape: what [`setup::decoding_problem`]
 /// loads, less the parameters.
 fn model_shapes(config: &Config) -> Result<(LoadedQwen2, String)> {
-    let ProblemConfig::Qwen2 {
-        checkpoint, size, ..
-    } = &config.problem
-    else {
+    if !matches!(config.problem, ProblemConfig::Qwen2 { .. }) {
         anyhow::bail!("a [task] needs a qwen2 problem");
-    };
+    }
+    let weights = setup::weights(&config.problem)?;
     let compute_dtype = config.compute_dtype()?;
     let key = shardes::hlo::prng::key(config.run.seed).map_err(|e| {
         ConfigError::new(
@@ -88,41 +87,41 @@ fn model_shapes(config: &Config) -> Result<(LoadedQwen2, String)> {
             "use a seed below 2^63 (the run's key is drawn from it)",
         )
     })?;
-    let checkpoint_error = |e: shardes::hf::HfError| {
+    let checkpoint_error = |e: shardes::pretrained::ModelError| {
         ConfigError::new(
             format!("problem.checkpoint: {e}"),
-            "point problem.checkpoint at a Hugging Face Qwen2 directory (config.json, \
-             generation_config.json and model.safetensors)",
+            "point problem.checkpoint at a Hugging Face model directory (config.json, \
+             generation_config.json and model.safetensors) or a .gguf file",
         )
     };
-    let (cfg, max_positions, eos, pad, origin) = match (checkpoint, size) {
-        (Some(dir), _) => {
-            let hf = shardes::hf::read_hf_config(dir).map_err(checkpoint_error)?;
-            shardes::hf::check_checkpoint(dir, &hf.config).map_err(checkpoint_error)?;
-            let ids = shardes::hf::read_generation_ids(dir).map_err(checkpoint_error)?;
-            let origin = dir.display().to_string();
+    let (cfg, max_positions, eos, pad, origin, family) = match &weights {
+        Qwen2Weights::Checkpoint(path) => {
+            let info = shardes::pretrained::read_info(path).map_err(checkpoint_error)?;
+            shardes::pretrained::check_weights(path, &info.config).map_err(checkpoint_error)?;
+            let origin = path.display().to_string();
             (
-                hf.config,
-                hf.max_position_embeddings,
-                ids.eos,
-                ids.pad,
+                info.config,
+                info.max_positions,
+                info.eos,
+                info.pad,
                 origin,
+                info.family,
             )
         }
-        (None, Some(size)) => {
+        Qwen2Weights::Random(size) => {
             let cfg = config_of_size(size).map_err(setup::config_error)?;
-            (cfg, None, Vec::new(), None, format!("random {size}"))
-        }
-        (None, None) => {
-            return Err(ConfigError::new(
-                "problem \"qwen2\" needs problem.checkpoint or problem.size",
-                "add checkpoint = \"DIR\" or size = \"tiny\"",
+            (
+                cfg,
+                None,
+                Vec::new(),
+                None,
+                format!("random {size}"),
+                "qwen2",
             )
-            .into())
         }
     };
     let summary = format!(
-        "qwen2 ({origin}, {} layers, d {}, vocab {}) decoding",
+        "{family} ({origin}, {} layers, d {}, vocab {}) decoding",
         cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size
     );
     let loaded = LoadedQwen2 {
@@ -133,6 +132,7 @@ fn model_shapes(config: &Config) -> Result<(LoadedQwen2, String)> {
         eos,
         pad,
         compute_dtype,
+        family,
     };
     Ok((loaded, summary))
 }
@@ -177,6 +177,7 @@ fn prompt_stats(
 pub fn plan(config: &Config) -> Result<TaskPlan> {
     let task_cfg = task_of(config)?;
     let (loaded, summary) = model_shapes(config)?;
+    let weights = setup::weights(&config.problem)?;
     let leaves = leaf_infos_of_shapes(&loaded.config.param_shapes())
         .context("describing the model's parameters")?;
     let task: Box<dyn RewardTask> = taskset::task(task_cfg, loaded.config.vocab_size)?;
@@ -216,13 +217,14 @@ pub fn plan(config: &Config) -> Result<TaskPlan> {
     let traced = Qwen2::new(loaded.config.clone(), 1, 1).with_compute_dtype(loaded.compute_dtype);
     let findings = check_model(&traced, &leaves).context("tracing the model")?;
     let tokenizer = match &config.problem {
-        ProblemConfig::Qwen2 {
-            tokenizer,
-            checkpoint,
-            ..
-        } if codec.has_tokenizer() => tokenizer
-            .clone()
-            .or_else(|| checkpoint.as_ref().map(|d| d.join("tokenizer.json"))),
+        ProblemConfig::Qwen2 { tokenizer, .. } if codec.has_tokenizer() => {
+            tokenizer.clone().or_else(|| match &weights {
+                // A GGUF file holds its tokenizer; a directory its tokenizer.json.
+                Qwen2Weights::Checkpoint(c) if c.is_dir() => Some(c.join("tokenizer.json")),
+                Qwen2Weights::Checkpoint(c) => Some(c.clone()),
+                Qwen2Weights::Random(_) => None,
+            })
+        }
         _ => None,
     };
     Ok(TaskPlan {

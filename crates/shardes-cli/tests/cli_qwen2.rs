@@ -113,7 +113,7 @@ fn qwen2_config_errors_name_the_key_and_the_fix() {
     );
     refused(
         "data = \"DATA\"",
-        "needs problem.checkpoint or problem.size",
+        "needs problem.model, problem.checkpoint or problem.size",
         "size = \"tiny\"",
     );
     refused("size = \"tiny\"", "needs problem.data", "data = ");

@@ -74,6 +74,7 @@ mod hlo;
 pub mod host_alloc;
 mod memory;
 pub mod mujoco;
+mod pinned;
 pub mod plugin;
 mod proto;
 
@@ -85,6 +86,10 @@ pub use error::{Result, RuntimeError};
 pub use executable::{ArgSpec, CompileOptions, CompiledMemoryStats, Executable, ExecuteOptions};
 pub use hlo::{HloComputation, HloInstruction, HloModule, HloShape};
 pub use memory::DeviceMemoryStats;
+pub use pinned::{
+    ensure_wheel_file, provision_wheel_file, verify_file, Ensured, Fetched, FileCheck,
+    PinnedWheelFile,
+};
 pub use plugin::{AttributeValue, Plugin};
 
 /// Re-exported so callers can name `bf16`/`f16` elements without adding `half` themselves.

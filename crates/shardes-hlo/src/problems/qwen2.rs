@@ -66,6 +66,107 @@ pub struct Qwen2Config {
     pub rms_norm_eps: f64,
     /// Whether the LM head reuses `model.embed_tokens.weight`.
     pub tie_word_embeddings: bool,
+    /// Whether the q, k and v projections carry a bias (Qwen2 always; LLaMA-family
+    /// checkpoints where `attention_bias` says so, usually not).
+    pub attention_bias: bool,
+    /// The per-head width where the checkpoint sets it apart from
+    /// `hidden_size / num_attention_heads` (`head_dim` in a LLaMA-family config).
+    pub explicit_head_dim: Option<usize>,
+    /// How the rotary frequencies are rescaled (`rope_scaling`; none for Qwen2).
+    pub rope_scaling: RopeScaling,
+}
+
+/// How a model rescales its rotary frequencies for contexts longer than it was trained
+/// on, as Hugging Face's `rope_scaling` / `rope_parameters` name it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub enum RopeScaling {
+    /// `theta^(-2i/hd)` as is (`rope_type = "default"`).
+    #[default]
+    None,
+    /// Every frequency divided by `factor` (`rope_type = "linear"`).
+    Linear {
+        /// The divisor.
+        factor: f64,
+    },
+    /// LLaMA 3's piecewise rule (`rope_type = "llama3"`): wavelengths longer than
+    /// `original_max_position_embeddings / low_freq_factor` are divided by `factor`, those
+    /// shorter than `… / high_freq_factor` kept, and those between interpolated.
+    Llama3 {
+        /// The divisor of the low frequencies.
+        factor: f64,
+        /// Sets the long-wavelength bound.
+        low_freq_factor: f64,
+        /// Sets the short-wavelength bound.
+        high_freq_factor: f64,
+        /// The context length the model was first trained for.
+        original_max_position_embeddings: f64,
+    },
+}
+
+impl RopeScaling {
+    /// The `rope_type` name of this scaling.
+    pub fn name(&self) -> &'static str {
+        match self {
+            RopeScaling::None => "default",
+            RopeScaling::Linear { .. } => "linear",
+            RopeScaling::Llama3 { .. } => "llama3",
+        }
+    }
+
+    /// `inv` (the default frequencies, f64) rescaled, as `transformers`'
+    /// `ROPE_INIT_FUNCTIONS` compute them.
+    fn apply(&self, inv: f64) -> f64 {
+        match *self {
+            RopeScaling::None => inv,
+            RopeScaling::Linear { factor } => inv / factor,
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings: old,
+            } => {
+                let wavelen = 2.0 * std::f64::consts::PI / inv;
+                if wavelen > old / low_freq_factor {
+                    inv / factor
+                } else if wavelen < old / high_freq_factor {
+                    inv
+                } else {
+                    let smooth =
+                        (old / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                    (1.0 - smooth) * inv / factor + smooth * inv
+                }
+            }
+        }
+    }
+
+    /// Checks that the scaling's numbers give finite positive frequencies.
+    fn validate(&self) -> Result<(), ProblemError> {
+        let bad = |value: String| ProblemError::BadSetting {
+            what: "rope_scaling",
+            value,
+            fix: "use a positive finite factor (and, for llama3, low_freq_factor < \
+                  high_freq_factor and a positive original_max_position_embeddings)",
+        };
+        let ok = |x: f64| x.is_finite() && x > 0.0;
+        match *self {
+            RopeScaling::None => Ok(()),
+            RopeScaling::Linear { factor } if ok(factor) => Ok(()),
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } if ok(factor)
+                && ok(low_freq_factor)
+                && ok(high_freq_factor)
+                && low_freq_factor < high_freq_factor
+                && ok(original_max_position_embeddings) =>
+            {
+                Ok(())
+            }
+            other => Err(bad(format!("{other:?}"))),
+        }
+    }
 }
 
 impl Qwen2Config {
@@ -82,6 +183,9 @@ impl Qwen2Config {
             rope_theta: 10_000.0,
             rms_norm_eps: 1e-6,
             tie_word_embeddings: true,
+            attention_bias: true,
+            explicit_head_dim: None,
+            rope_scaling: RopeScaling::None,
         }
     }
 
@@ -97,6 +201,9 @@ impl Qwen2Config {
             rope_theta: 1_000_000.0,
             rms_norm_eps: 1e-6,
             tie_word_embeddings: true,
+            attention_bias: true,
+            explicit_head_dim: None,
+            rope_scaling: RopeScaling::None,
         }
     }
 
@@ -112,6 +219,9 @@ impl Qwen2Config {
             rope_theta: 1_000_000.0,
             rms_norm_eps: 1e-6,
             tie_word_embeddings: true,
+            attention_bias: true,
+            explicit_head_dim: None,
+            rope_scaling: RopeScaling::None,
         }
     }
 
@@ -134,9 +244,22 @@ impl Qwen2Config {
         }
     }
 
-    /// The per-head width `hd = d / H`.
+    /// The per-head width: the checkpoint's own where it sets one, else `d / H`.
     pub fn head_dim(&self) -> usize {
-        self.hidden_size / self.num_attention_heads.max(1)
+        self.explicit_head_dim
+            .unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
+    }
+
+    /// The rotary inverse frequencies `theta^(-2i/hd)`, `i < hd/2`, rescaled as
+    /// [`Self::rope_scaling`] says, computed in f64 and rounded once to f32.
+    pub fn inv_freq(&self) -> Vec<f32> {
+        let hd = self.head_dim();
+        (0..hd / 2)
+            .map(|i| {
+                let inv = 1.0 / self.rope_theta.powf((2 * i) as f64 / hd as f64);
+                self.rope_scaling.apply(inv) as f32
+            })
+            .collect()
     }
 
     /// Checks the sizes and divisibility constraints the forward relies on, and that the
@@ -160,7 +283,16 @@ impl Qwen2Config {
                 });
             }
         }
-        if !self.hidden_size.is_multiple_of(self.num_attention_heads)
+        if let Some(hd) = self.explicit_head_dim {
+            if hd == 0 || !hd.is_multiple_of(2) {
+                return Err(ProblemError::BadDimension {
+                    what: "head_dim",
+                    value: hd,
+                    fix: "head_dim must be a positive even number (rotary embeddings rotate \
+                          pairs)",
+                });
+            }
+        } else if !self.hidden_size.is_multiple_of(self.num_attention_heads)
             || !self.head_dim().is_multiple_of(2)
         {
             return Err(ProblemError::BadDimension {
@@ -219,6 +351,7 @@ impl Qwen2Config {
                       Qwen2 models use); zero or negative makes the forward NaN",
             });
         }
+        self.rope_scaling.validate()?;
         Ok(())
     }
 
@@ -252,6 +385,9 @@ impl Qwen2Config {
                 ("mlp.down_proj.weight", vec![d, i]),
             ];
             for (name, shape) in entries {
+                if !self.attention_bias && name.ends_with(".bias") {
+                    continue;
+                }
                 out.push((format!("{p}.{name}"), shape));
             }
         }
@@ -450,14 +586,10 @@ fn rope_tables(
     f: &Func,
     pos0: &Value,
     s: i64,
-    hd: i64,
-    theta: f64,
+    inv_freq: &[f32],
 ) -> Result<(Value, Value), EsError> {
-    let half = hd / 2;
-    let inv: Vec<f32> = (0..half)
-        .map(|i| (1.0 / theta.powf((2 * i) as f64 / hd as f64)) as f32)
-        .collect();
-    let inv = f.constant(&[half], &inv)?;
+    let half = inv_freq.len() as i64;
+    let inv = f.constant(&[half], inv_freq)?;
     let pos = f
         .iota(TensorType::i32(&[s]), 0)?
         .add(&pos0.broadcast_in_dim(&[s], &[])?)?
@@ -529,6 +661,9 @@ impl Qwen2 {
         let (b, s) = (lg[0], lg[1]);
         let proj = |name: &str| -> Result<Act, EsError> {
             let y = nn::dense(h, &self.weight(p, &format!("{pre}.{name}_proj.weight"))?)?;
+            if !c.attention_bias {
+                return Ok(y);
+            }
             Ok(y.add(&self.tensor(p, &format!("{pre}.{name}_proj.bias"))?)?)
         };
         let heads = |a: Act, n: i64| -> Result<Act, EsError> {
@@ -538,7 +673,7 @@ impl Qwen2 {
         let k = heads(proj("k")?, nkv)?;
         let v = heads(proj("v")?, nkv)?;
         let f = h.value().func();
-        let (cos, sin) = rope_tables(&f, pos0, s, hd, c.rope_theta)?;
+        let (cos, sin) = rope_tables(&f, pos0, s, &c.inv_freq())?;
         let cos = convert(&Act::shared(cos), self.compute_dtype)?;
         let sin = convert(&Act::shared(sin), self.compute_dtype)?;
         let q = apply_rope(&q, &cos, &sin)?;

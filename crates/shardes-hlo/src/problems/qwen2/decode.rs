@@ -46,13 +46,10 @@ fn sum_axis(a: &Act, axis: usize) -> Result<Act, EsError> {
 
 /// Rotary tables `(cos, sin)`, each `[R, hd]` f32, for per-row positions `pos` (i32 `[R]`):
 /// the same arithmetic as [`rope_tables`] row by row.
-fn rope_rows(f: &Func, pos: &Value, hd: i64, theta: f64) -> Result<(Value, Value), EsError> {
+fn rope_rows(f: &Func, pos: &Value, inv_freq: &[f32]) -> Result<(Value, Value), EsError> {
     let r = pos.shape()[0];
-    let half = hd / 2;
-    let inv: Vec<f32> = (0..half)
-        .map(|i| (1.0 / theta.powf((2 * i) as f64 / hd as f64)) as f32)
-        .collect();
-    let inv = f.constant(&[half], &inv)?;
+    let half = inv_freq.len() as i64;
+    let inv = f.constant(&[half], inv_freq)?;
     let pos = pos.convert(DType::F32)?;
     let freqs = pos
         .broadcast_in_dim(&[r, half], &[0])?
@@ -71,7 +68,11 @@ impl Qwen2 {
         let (b, s) = (lg[0], lg[1]);
         let proj = |name: &str, n: usize| -> Result<Act, EsError> {
             let y = nn::dense(h, &self.weight(p, &format!("{pre}.{name}_proj.weight"))?)?;
-            let y = y.add(&self.tensor(p, &format!("{pre}.{name}_proj.bias"))?)?;
+            let y = if c.attention_bias {
+                y.add(&self.tensor(p, &format!("{pre}.{name}_proj.bias"))?)?
+            } else {
+                y
+            };
             transpose(&reshape(&y, &[b, s, n as i64, hd])?, &[0, 2, 1, 3])
         };
         Ok([
@@ -109,7 +110,7 @@ impl Qwen2 {
         let [q, k, v] = self.qkv(p, l, h)?;
         let f = h.value().func();
         let zero = f.scalar(0i32)?;
-        let (cos, sin) = rope_tables(&f, &zero, s, hd, c.rope_theta)?;
+        let (cos, sin) = rope_tables(&f, &zero, s, &c.inv_freq())?;
         let dt = self.compute_dtype;
         let cos = convert(&Act::shared(cos), dt)?;
         let sin = convert(&Act::shared(sin), dt)?;
@@ -155,7 +156,7 @@ impl Qwen2 {
         let rows = h.logical_shape()[0];
         let [q, k, v] = self.qkv(p, l, h)?;
         let f = h.value().func();
-        let (cos, sin) = rope_rows(&f, &at.pos, hd, c.rope_theta)?;
+        let (cos, sin) = rope_rows(&f, &at.pos, &c.inv_freq())?;
         let dt = self.compute_dtype;
         let table = |t: Value| convert(&Act::shared(t.reshape(&[rows, 1, 1, hd])?), dt);
         let (cos, sin) = (table(cos)?, table(sin)?);

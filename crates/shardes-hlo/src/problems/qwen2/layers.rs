@@ -26,7 +26,8 @@ use crate::nn::{Act, Weight};
 use super::{rewrap, Qwen2};
 
 /// Every per-layer leaf, by its name under `model.layers.{l}.`, and whether it is a
-/// matrix read through the seams.
+/// matrix read through the seams (the biases only where the config has them:
+/// [`leaves_of`]).
 const LEAVES: [(&str, bool); 12] = [
     ("input_layernorm.weight", false),
     ("post_attention_layernorm.weight", false),
@@ -41,6 +42,14 @@ const LEAVES: [(&str, bool); 12] = [
     ("mlp.up_proj.weight", true),
     ("mlp.down_proj.weight", true),
 ];
+
+/// The per-layer leaves of a model with (`attention_bias`) or without q/k/v biases.
+pub(super) fn leaves_of(attention_bias: bool) -> Vec<(&'static str, bool)> {
+    LEAVES
+        .into_iter()
+        .filter(|(name, _)| attention_bias || !name.ends_with(".bias"))
+        .collect()
+}
 
 /// How one leaf is held, which says how many values carry it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,6 +81,7 @@ impl LayerStack<'_> {
 
 /// Every layer's leaves as flat values, all layers of one kind and type.
 pub(super) struct Stacked {
+    names: Vec<(&'static str, bool)>,
     kinds: Vec<Kind>,
     types: Vec<TensorType>,
     layers: Vec<Vec<Value>>,
@@ -80,10 +90,14 @@ pub(super) struct Stacked {
 
 impl Stacked {
     /// Reads layer `l`'s leaves (recording the reads as the unrolled program does).
-    fn read(p: &ModelParams, l: usize) -> Result<(Vec<Kind>, Vec<Value>), EsError> {
-        let mut kinds = Vec::with_capacity(LEAVES.len());
+    fn read(
+        p: &ModelParams,
+        names: &[(&'static str, bool)],
+        l: usize,
+    ) -> Result<(Vec<Kind>, Vec<Value>), EsError> {
+        let mut kinds = Vec::with_capacity(names.len());
         let mut vals = Vec::new();
-        for (name, matrix) in LEAVES {
+        for &(name, matrix) in names {
             let path = format!("model.layers.{l}.{name}");
             if matrix {
                 match p.weight(&path)? {
@@ -114,12 +128,16 @@ impl Stacked {
 
     /// All `layers` layers, or `None` when they differ in kind or type (no one loop body
     /// fits them all).
-    fn new(p: &ModelParams, layers: usize) -> Result<Option<Self>, EsError> {
-        let (kinds, first) = Self::read(p, 0)?;
+    fn new(
+        p: &ModelParams,
+        names: Vec<(&'static str, bool)>,
+        layers: usize,
+    ) -> Result<Option<Self>, EsError> {
+        let (kinds, first) = Self::read(p, &names, 0)?;
         let types: Vec<TensorType> = first.iter().map(|v| v.ty().clone()).collect();
         let mut all = vec![first];
         for l in 1..layers {
-            let (k, vals) = Self::read(p, l)?;
+            let (k, vals) = Self::read(p, &names, l)?;
             let t: Vec<TensorType> = vals.iter().map(|v| v.ty().clone()).collect();
             if k != kinds || t != types {
                 return Ok(None);
@@ -128,6 +146,7 @@ impl Stacked {
         }
         let members = member_count(&kinds, &all[0]);
         Ok(Some(Stacked {
+            names,
             kinds,
             types,
             layers: all,
@@ -156,8 +175,8 @@ impl Stacked {
                 fix: "report this: the layer loop lost track of its leaves".into(),
             })
         };
-        let mut leaves = Vec::with_capacity(LEAVES.len());
-        for ((name, _), kind) in LEAVES.iter().zip(&self.kinds) {
+        let mut leaves = Vec::with_capacity(self.names.len());
+        for ((name, _), kind) in self.names.iter().zip(&self.kinds) {
             let leaf = match kind {
                 Kind::Plain => Leaf::Matrix(Weight::Plain(next()?)),
                 Kind::Members => Leaf::Matrix(Weight::Members(next()?)),
@@ -267,7 +286,10 @@ impl Qwen2 {
         (self.layers == super::Layers::Loop).then(|| LayerLeaves {
             prefix: "model.layers.".into(),
             count: self.config.num_hidden_layers,
-            names: LEAVES.iter().map(|(name, _)| name.to_string()).collect(),
+            names: leaves_of(self.config.attention_bias)
+                .iter()
+                .map(|(name, _)| name.to_string())
+                .collect(),
         })
     }
 
@@ -280,9 +302,12 @@ impl Qwen2 {
         match (self.layers, p.layer_source()) {
             (super::Layers::Unrolled, _) => Ok(None),
             (super::Layers::Loop, Some(source)) => Ok(Some(LayerStack::Given(source))),
-            (super::Layers::Loop, None) => {
-                Ok(Stacked::new(p, self.config.num_hidden_layers)?.map(LayerStack::Built))
-            }
+            (super::Layers::Loop, None) => Ok(Stacked::new(
+                p,
+                leaves_of(self.config.attention_bias),
+                self.config.num_hidden_layers,
+            )?
+            .map(LayerStack::Built)),
         }
     }
 
