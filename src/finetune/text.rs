@@ -12,6 +12,7 @@ pub struct TextCodec {
     tokenizer: Option<Tokenizer>,
     chat: Option<ChatTemplate>,
     system: Option<String>,
+    response_prefix: Option<String>,
 }
 
 impl TextCodec {
@@ -26,7 +27,29 @@ impl TextCodec {
             tokenizer,
             chat,
             system,
+            response_prefix: None,
         }
+    }
+
+    /// Starts every reply with `prefix`: it is appended to each text prompt (after the
+    /// chat template) and put before each completion's text, so a reward reads the reply
+    /// whole. Prompts given as ids are left as they are.
+    pub fn with_response_prefix(mut self, prefix: Option<String>) -> TextCodec {
+        self.response_prefix = prefix.filter(|p| !p.is_empty());
+        self
+    }
+
+    /// The text prompt the tokenizer sees: rendered through the chat template (if any),
+    /// then the reply's prefix.
+    fn text_of(&self, text: &str) -> Result<String, Error> {
+        let mut out = match &self.chat {
+            Some(chat) => chat.render(text, self.system.as_deref())?,
+            None => text.to_string(),
+        };
+        if let Some(p) = &self.response_prefix {
+            out.push_str(p);
+        }
+        Ok(out)
     }
 
     /// Whether the codec has a tokenizer.
@@ -36,9 +59,9 @@ impl TextCodec {
 
     /// The text the model sees for `prompt` (after the chat template), for display.
     pub fn rendered(&self, prompt: &Prompt) -> Result<String, Error> {
-        match (prompt, &self.chat) {
-            (Prompt::Text(t), Some(chat)) => Ok(chat.render(t, self.system.as_deref())?),
-            (p, _) => Ok(p.display()),
+        match prompt {
+            Prompt::Text(t) => self.text_of(t),
+            p => Ok(p.display()),
         }
     }
 
@@ -55,9 +78,10 @@ impl TextCodec {
                             .into(),
                     )
                 })?;
+                let full = self.text_of(text)?;
                 let ids = match &self.chat {
-                    Some(chat) => tok.encode(&chat.render(text, self.system.as_deref())?, false),
-                    None => tok.encode(text, true),
+                    Some(_) => tok.encode(&full, false),
+                    None => tok.encode(&full, true),
                 };
                 ids.map_err(|e| Error::Invalid(e.to_string()))
             }
@@ -105,6 +129,10 @@ impl TextCodec {
         let mut all = ids.into_iter();
         for chunk in texts {
             for text in chunk? {
+                let text = match &self.response_prefix {
+                    Some(p) => format!("{p}{text}"),
+                    None => text,
+                };
                 // One text per id list, in order.
                 if let Some(ids) = all.next() {
                     out.push(Completion { ids, text });
@@ -112,5 +140,48 @@ impl TextCodec {
             }
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tokenizer() -> Tokenizer {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/qwen2_tiny/tokenizer.json"
+        );
+        Tokenizer::from_file(path).expect("fixture tokenizer")
+    }
+
+    #[test]
+    fn a_response_prefix_ends_the_prompt_and_starts_every_rewarded_text() {
+        let plain = TextCodec::new(Some(tokenizer()), None, None);
+        let prefixed = TextCodec::new(Some(tokenizer()), None, None)
+            .with_response_prefix(Some(" noise".into()));
+        let prompt = Prompt::Text("low rank".into());
+        let tok = tokenizer();
+        assert_eq!(
+            prefixed.encode(&prompt).unwrap(),
+            tok.encode("low rank noise", true).unwrap()
+        );
+        assert_eq!(prefixed.rendered(&prompt).unwrap(), "low rank noise");
+        assert_eq!(plain.rendered(&prompt).unwrap(), "low rank");
+        let ids = tok.encode(" is never", false).unwrap();
+        let c = prefixed.completions(vec![ids.clone()]).unwrap();
+        assert_eq!(c[0].ids, ids, "the ids stay the generated ones");
+        assert_eq!(
+            c[0].text,
+            format!(" noise{}", plain.completions(vec![ids]).unwrap()[0].text)
+        );
+        // Ids prompts are left alone; an empty prefix is no prefix.
+        assert_eq!(
+            prefixed.encode(&Prompt::Ids(vec![3, 4])).unwrap(),
+            vec![3, 4]
+        );
+        let empty =
+            TextCodec::new(Some(tokenizer()), None, None).with_response_prefix(Some(String::new()));
+        assert_eq!(empty.rendered(&prompt).unwrap(), "low rank");
     }
 }

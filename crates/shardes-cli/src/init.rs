@@ -319,6 +319,11 @@ fn doc(section: &str, key: &str, problem: &str) -> Option<(String, Option<String
             "A system message for the chat template.",
             "\"You are a helpful assistant.\"",
         ),
+        ("task", "response_prefix") => e(
+            "Text that starts the model's reply: appended to every prompt (after the chat \
+             template) and rewarded as the start of every completion. Default: none.",
+            "\"Let me solve this step by step.\\n<think>\"",
+        ),
         ("task", "temperature") => e(
             "Sampling temperature; 0 decodes greedily (what both ES papers use). Default: 0.",
             "0.7",

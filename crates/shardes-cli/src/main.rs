@@ -25,6 +25,7 @@ mod findings;
 mod generate;
 mod init;
 mod inspect;
+mod models;
 mod out;
 mod plot;
 mod rollout;
@@ -67,6 +68,8 @@ enum Command {
     Estimate(estimate::EstimateArgs),
     /// Greedy completions of a qwen2 config's model (with rewards when it has a [task]).
     Generate(generate::GenerateArgs),
+    /// The pretrained models a config may name (`problem.model`), cached or not.
+    Models(models::ModelsArgs),
     /// Draw a run's curves (fitness, ms/gen, held-out eval) as SVG or PNG; runs overlay.
     Plot(plot::PlotArgs),
     /// Replay a trained control policy: the return of each episode (MuJoCo: qpos as CSV).
@@ -168,6 +171,7 @@ fn main() -> ExitCode {
         Command::Diag(a) => diag::run(a).map(|()| 0),
         Command::Estimate(a) => estimate::run(a).map(|()| 0),
         Command::Generate(a) => generate::run(a).map(|()| 0),
+        Command::Models(a) => models::run(a).map(|()| 0),
         Command::Plot(a) => plot::run(a).map(|()| 0),
         Command::Rollout(a) => rollout::run(a).map(|()| 0),
         Command::Init(a) => init::run(a).map(|()| 0),

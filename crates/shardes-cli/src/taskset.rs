@@ -160,5 +160,6 @@ pub fn codec(config: &Config, t: &TaskConfig) -> Result<TextCodec> {
     } else {
         None
     };
-    Ok(TextCodec::new(tokenizer, chat, t.system.clone()))
+    Ok(TextCodec::new(tokenizer, chat, t.system.clone())
+        .with_response_prefix(t.response_prefix.clone()))
 }

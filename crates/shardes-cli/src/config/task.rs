@@ -31,6 +31,7 @@ const COMMON: &[&str] = &[
     "max_new_tokens",
     "chat",
     "system",
+    "response_prefix",
     "temperature",
     "top_p",
     "eos",
@@ -89,6 +90,11 @@ pub struct TaskConfig {
     /// A system message for the chat template.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system: Option<String>,
+    /// Text that starts the model's reply: appended to every prompt (after the chat
+    /// template) and put before every completion when it is rewarded, as TinyZero starts
+    /// Qwen's turn with `Let me solve this step by step.\n<think>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_prefix: Option<String>,
     /// Sampling temperature; 0 (the default) decodes greedily.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub temperature: Option<f64>,
