@@ -1,10 +1,10 @@
 //! `shardes plot`: a run's curves as SVG or PNG, several runs overlaid with a legend.
 //!
 //! Panels: fitness mean per generation over its min–max band; ms per generation; and, when
-//! any run has `eval.jsonl`, the held-out mean reward (solid) and accuracy (dashed). Lines
-//! are read leniently: extra fields are ignored, non-finite values (`"NaN"`, `"inf"`,
-//! `"-inf"`, `null`) leave a gap, and an unparseable line (a write cut short by a kill) is
-//! skipped; only a file with no usable line at all is an error.
+//! any run has `eval.jsonl`, the held-out mean reward (solid), accuracy (dashed) and format
+//! rate (dotted). Lines are read leniently: extra fields are ignored, non-finite values
+//! (`"NaN"`, `"inf"`, `"-inf"`, `null`) leave a gap, and an unparseable line (a write cut
+//! short by a kill) is skipped; only a file with no usable line at all is an error.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -118,6 +118,7 @@ struct Eval {
     generation: f64,
     mean_reward: Option<f64>,
     accuracy: Option<f64>,
+    format_rate: Option<f64>,
 }
 
 /// A run directory's curves.
@@ -233,6 +234,7 @@ fn parse_eval(v: &Value) -> Result<Eval, String> {
         generation: generation(v)?,
         mean_reward: finite(v.get("mean_reward")),
         accuracy: finite(v.get("accuracy")),
+        format_rate: finite(v.get("format_rate")),
     })
 }
 
@@ -496,13 +498,21 @@ fn chart<'a, DB: DrawingBackend>(
     Ok(chart)
 }
 
+/// How a line is stroked.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stroke {
+    Solid,
+    Dashed,
+    Dotted,
+}
+
 /// Draws `points` as lines (a dot where a point stands alone); the legend entry goes on the
 /// first segment only.
 fn draw_line<'a, DB: DrawingBackend + 'a>(
     chart: &mut Chart<'a, DB>,
     points: Vec<Vec<(f64, f64)>>,
     style: ShapeStyle,
-    dashed: bool,
+    stroke: Stroke,
     label: Option<String>,
 ) -> Result<()> {
     let mut label = label;
@@ -511,9 +521,14 @@ fn draw_line<'a, DB: DrawingBackend + 'a>(
             chart
                 .draw_series(seg.iter().map(|&p| Circle::new(p, 3, style.filled())))
                 .map_err(err)?
-        } else if dashed {
+        } else if stroke != Stroke::Solid {
+            let (on, off) = if stroke == Stroke::Dashed {
+                (6, 4)
+            } else {
+                (2, 4)
+            };
             chart
-                .draw_series(DashedLineSeries::new(seg, 6, 4, style))
+                .draw_series(DashedLineSeries::new(seg, on, off, style))
                 .map_err(err)?
         } else {
             chart
@@ -523,7 +538,11 @@ fn draw_line<'a, DB: DrawingBackend + 'a>(
         if let Some(l) = label.take() {
             let s = style.stroke_width(2);
             anno.label(l).legend(move |(x, y)| {
-                let dash = if dashed { 8 } else { 20 };
+                let dash = match stroke {
+                    Stroke::Solid => 20,
+                    Stroke::Dashed => 8,
+                    Stroke::Dotted => 3,
+                };
                 EmptyElement::at((x, y))
                     + PathElement::new(vec![(0, 0), (dash, 0)], s)
                     + PathElement::new(vec![(20 - dash, 0), (20, 0)], s)
@@ -593,7 +612,13 @@ fn draw_fitness<DB: DrawingBackend>(
         } else {
             run.name.clone()
         };
-        draw_line(&mut chart, mean, c.stroke_width(2), false, Some(label))?;
+        draw_line(
+            &mut chart,
+            mean,
+            c.stroke_width(2),
+            Stroke::Solid,
+            Some(label),
+        )?;
     }
     legend(&mut chart)
 }
@@ -610,7 +635,13 @@ fn draw_ms<DB: DrawingBackend>(
     let mut chart = chart(area, "ms / generation", xs, (0.0, hi.max(1e-3)), "ms")?;
     for (i, run) in runs.iter().enumerate() {
         let ms = segments(run.gens.iter().map(|g| (g.generation, g.ms)));
-        draw_line(&mut chart, ms, color(i).stroke_width(2), false, None)?;
+        draw_line(
+            &mut chart,
+            ms,
+            color(i).stroke_width(2),
+            Stroke::Solid,
+            None,
+        )?;
     }
     Ok(())
 }
@@ -622,32 +653,32 @@ fn draw_eval<DB: DrawingBackend>(
 ) -> Result<()> {
     let ys = range(
         runs.iter().flat_map(|r| {
-            r.evals
-                .iter()
-                .flat_map(|e| [e.mean_reward, e.accuracy].into_iter().flatten())
+            r.evals.iter().flat_map(|e| {
+                [e.mean_reward, e.accuracy, e.format_rate]
+                    .into_iter()
+                    .flatten()
+            })
         }),
         (0.0, 1.0),
     );
     let mut chart = chart(
         area,
-        "held-out eval (mean reward solid, accuracy dashed)",
+        "held-out eval (mean reward solid, accuracy dashed, format rate dotted)",
         xs,
         ys,
-        "reward / accuracy",
+        "reward / rate",
     )?;
     let single = runs.len() == 1;
     for (i, run) in runs.iter().enumerate() {
         let c = color(i).stroke_width(2);
         let reward = segments(run.evals.iter().map(|e| (e.generation, e.mean_reward)));
         let acc = segments(run.evals.iter().map(|e| (e.generation, e.accuracy)));
+        let format = segments(run.evals.iter().map(|e| (e.generation, e.format_rate)));
         // Several runs: colours are named in the fitness panel's legend; one run: here.
-        let (lr, la) = if single {
-            (Some("mean reward".into()), Some("accuracy".into()))
-        } else {
-            (None, None)
-        };
-        draw_line(&mut chart, reward, c, false, lr)?;
-        draw_line(&mut chart, acc, c, true, la)?;
+        let name = |s: &str| single.then(|| s.to_string());
+        draw_line(&mut chart, reward, c, Stroke::Solid, name("mean reward"))?;
+        draw_line(&mut chart, acc, c, Stroke::Dashed, name("accuracy"))?;
+        draw_line(&mut chart, format, c, Stroke::Dotted, name("format rate"))?;
     }
     if single {
         legend(&mut chart)?;

@@ -32,6 +32,29 @@ fn references() -> Vec<(String, String, usize)> {
         .collect()
 }
 
+/// `shardes check` on the example reads SmolLM2 from its GGUF file (provisioned if
+/// needed): a llama-family decoder whose every 2-D leaf goes through a seam, its tokenizer
+/// and chat template from the file, the first prompt rendered with the reply's prefix.
+#[test]
+fn check_reads_the_smollm2_example() {
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_shardes"))
+        .current_dir(repo())
+        .args(["check", "examples/countdown_smollm2.toml"])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&o);
+    assert!(o.status.success(), "{stdout}\n{stderr}");
+    for want in [
+        "ok: llama (",
+        "30 layers, d 576, vocab 49152",
+        "reads all 272 leaves, every 2-D leaf through a seam",
+        "chat: the checkpoint's chat template",
+        "eval: 128 held-out prompts",
+    ] {
+        assert!(stdout.contains(want), "want {want:?} in:\n{stdout}");
+    }
+}
+
 // One decode program of 30 layers compiles in about a minute on two cores: slow tier.
 #[test]
 #[ignore = "slow tier"]
