@@ -2,7 +2,7 @@
 """Writes tests/fixtures/gguf/types.gguf and types.json: one tensor per ggml type `shardes::gguf`
 dequantizes, plus metadata of every value type, with the `gguf` Python package.
 
-The reference for `src/gguf/` (`tests/gguf_read.rs`). Run it once, in a throw-away
+The reference for `src/gguf/` (`tests/pretrained/gguf_read.rs`). Run it once, in a throw-away
 virtualenv outside the repository, and commit what it writes. The versions are pinned
 because the expected values come from the package's `gguf.quants.dequantize`:
 

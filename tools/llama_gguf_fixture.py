@@ -3,7 +3,7 @@
 of tests/fixtures/llama_tiny_linear/ converted to GGUF the way llama.cpp's
 `convert_hf_to_gguf.py` converts a `LlamaForCausalLM`.
 
-The reference for reading a LLaMA-architecture GGUF file (`tests/llama_gguf.rs`): the q/k row
+The reference for reading a LLaMA-architecture GGUF file (`tests/pretrained/llama_gguf.rs`): the q/k row
 permutation, the `llama.*` keys, tied embeddings, Q8_0 matrices. Run it once, in a
 throw-away virtualenv outside the repository, and commit what it writes. The versions it was
 run with (`pip freeze`; the hashes in the JSON depend on `gguf`'s writer and quantizer):

@@ -3,7 +3,7 @@
 SmolLM2-135M-Instruct (token ids, decodes, chat templates), and the ids llama.cpp's
 `smollm` pre-tokenizer rule gives where the two differ.
 
-The reference for `shardes::gguf_tokenizer` (`tests/gguf_tokenizer.rs`). Run it in a
+The reference for `shardes::gguf_tokenizer` (`tests/pretrained/gguf_tokenizer.rs`). Run it in a
 throw-away virtualenv outside the repository and commit what it writes. The versions are
 pinned because the expected values are transformers' output (torch is not needed: only the
 tokenizer is loaded, but `accelerate` must be installed for transformers' GGUF loader):

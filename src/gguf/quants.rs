@@ -2,7 +2,7 @@
 //!
 //! The block layouts are ggml's (`ggml-common.h`); each loop reproduces the `gguf` Python
 //! package's `gguf.quants.dequantize` bit for bit, including the order of the f32
-//! multiplications and additions (`tests/gguf_read.rs` checks every type against it).
+//! multiplications and additions (`tests/pretrained/gguf_read.rs` checks every type against it).
 //! Rust does not contract `a * b + c` into a fused multiply-add, so the roundings are
 //! numpy's.
 

@@ -3,7 +3,7 @@
 //! (`tests/fixtures/smollm2/expected.json`, written by `tools/smollm2_reference.py`): both
 //! chat prompts of the fixture decode to the reference's tokens, stopped by the same EOS.
 //! Exact: the reference's smallest top-1/top-2 logit gap along these tokens is 0.08, and
-//! our last-position logits are within 6e-5 of its (`tests/smollm2.rs`).
+//! our last-position logits are within 6e-5 of its (`tests/pretrained/smollm2.rs`).
 
 mod common;
 

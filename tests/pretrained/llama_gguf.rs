@@ -11,7 +11,7 @@
 //!   un-permutation exactly); the config equal to the directory's, except `rms_norm_eps`,
 //!   which GGUF stores as f32 and so is compared as f32 (1e-5 widens to 9.99999974737875e-6);
 //!   logits ≤ 1e-4 absolute from `expected.json` (f32 against PyTorch f32, as in
-//!   `tests/llama_fixture.rs`).
+//!   `tests/pretrained/llama_fixture.rs`).
 //! - Q8_0 file: each matrix value within 0.57·d of the directory's, d = max|x| / 127 over
 //!   its block of 32 (rounding to the nearest step of d is ≤ 0.5·d; the f16 scale adds
 //!   ≤ 127·d·2⁻¹¹ ≈ 0.062·d), and at least one value not equal (the file is quantized);
@@ -24,16 +24,14 @@
 //! - Damaged files: exact substrings of the message (the file's path, the key or tensor,
 //!   the values).
 
-mod support;
-
 use std::path::{Path, PathBuf};
 
+use crate::support::pretrained::run_one;
 use serde::Deserialize;
 use shardes::hlo::params::ParamTree;
 use shardes::hlo::problems::qwen2::{Qwen2, Qwen2Config};
 use shardes::pretrained::{self, ModelError};
 use shardes::runtime::Client;
-use support::pretrained::run_one;
 
 /// The F32 file's logits against transformers' f32 ones.
 const F32_LOGITS_TOL: f32 = 1e-4;

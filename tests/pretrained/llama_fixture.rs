@@ -8,15 +8,13 @@
 //! frequencies ≤ 1 ulp-scale relative 1e-6; greedy tokens exactly equal (the reference's
 //! smallest top-1/top-2 margin is checked to exceed 1e-3).
 
-mod support;
-
 use std::path::{Path, PathBuf};
 
+use crate::support::pretrained::run_one;
 use serde::Deserialize;
 use shardes::hlo::problems::qwen2::{Qwen2, RopeScaling};
 use shardes::pretrained;
 use shardes::runtime::Client;
-use support::pretrained::run_one;
 
 #[derive(Deserialize)]
 struct Rope {

@@ -11,15 +11,13 @@
 //! (f32 through 30 layers against PyTorch f32, logits of magnitude ~25), and the top-1 id
 //! equal wherever the reference's top-1/top-2 gap exceeds twice that.
 
-mod support;
-
 use std::path::{Path, PathBuf};
 
+use crate::support::pretrained::run_one;
 use serde::Deserialize;
 use shardes::hlo::problems::qwen2::Qwen2;
 use shardes::pretrained;
 use shardes::runtime::Client;
-use support::pretrained::run_one;
 
 #[derive(Deserialize)]
 struct Weight {
