@@ -9,7 +9,7 @@ use shardes_hlo::es::ShardedES;
 use shardes_hlo::params::ParamTree;
 use shardes_hlo::prng::Key;
 use shardes_hlo::problems::f32_bytes;
-use shardes_hlo::problems::qwen2::{Qwen2, Qwen2Config};
+use shardes_hlo::problems::qwen2::{Layers, Qwen2, Qwen2Config};
 use shardes_runtime::Client;
 
 use super::{DecodeConfig, PopulationDecoder};
@@ -36,13 +36,16 @@ pub struct LoadedQwen2 {
     pub compute_dtype: DType,
     /// The model's family ([`crate::family::Family::name`]; `qwen2` for a random size).
     pub family: &'static str,
+    /// How the decoding programs emit the layers (`problem.layers`; unrolled by default).
+    pub layers: Layers,
 }
 
 impl LoadedQwen2 {
     /// The model as a decoder, bounded by the checkpoint's positions where it has them.
     pub fn decoder(&self, config: &DecodeConfig) -> Bounded<Qwen2> {
         let model = Qwen2::new(self.config.clone(), config.batch, config.prompt_len)
-            .with_compute_dtype(self.compute_dtype);
+            .with_compute_dtype(self.compute_dtype)
+            .with_layers(self.layers);
         Bounded {
             inner: model,
             max_positions: self.max_positions.unwrap_or(usize::MAX),
@@ -105,6 +108,7 @@ pub fn load_qwen2(
                 pad: info.pad,
                 compute_dtype,
                 family: info.family,
+                layers: Layers::Unrolled,
             })
         }
         Qwen2Weights::Random(size) => {
@@ -137,6 +141,7 @@ pub fn load_qwen2(
                 pad: None,
                 compute_dtype,
                 family: "qwen2",
+                layers: Layers::Unrolled,
             })
         }
     }

@@ -141,6 +141,7 @@ fn model(d: &DecodeSection) -> Result<LoadedQwen2> {
                 pad: None,
                 compute_dtype: dtype,
                 family: "qwen2",
+                layers: shardes::hlo::problems::qwen2::Layers::Unrolled,
             })
         }
         _ => Err(config_error(

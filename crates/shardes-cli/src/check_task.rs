@@ -133,6 +133,7 @@ fn model_shapes(config: &Config) -> Result<(LoadedQwen2, String)> {
         pad,
         compute_dtype,
         family,
+        layers: setup::layers_of(&config.problem)?,
     };
     Ok((loaded, summary))
 }
@@ -214,7 +215,9 @@ pub fn plan(config: &Config) -> Result<TaskPlan> {
         None => String::new(),
     };
     // `check_model` traces a loss; the decoder is the same Qwen2 over the same leaves.
-    let traced = Qwen2::new(loaded.config.clone(), 1, 1).with_compute_dtype(loaded.compute_dtype);
+    let traced = Qwen2::new(loaded.config.clone(), 1, 1)
+        .with_compute_dtype(loaded.compute_dtype)
+        .with_layers(loaded.layers);
     let findings = check_model(&traced, &leaves).context("tracing the model")?;
     let tokenizer = match &config.problem {
         ProblemConfig::Qwen2 { tokenizer, .. } if codec.has_tokenizer() => {

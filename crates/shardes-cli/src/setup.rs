@@ -195,7 +195,6 @@ pub fn qwen2_source(problem: &ProblemConfig) -> anyhow::Result<Qwen2Source> {
         data,
         tokenizer,
         compute_dtype,
-        layers,
         ..
     } = problem
     else {
@@ -218,17 +217,25 @@ pub fn qwen2_source(problem: &ProblemConfig) -> anyhow::Result<Qwen2Source> {
             Some("bf16") => DType::BF16,
             _ => DType::F32,
         },
-        // The config refused other names already.
-        layers: layers
-            .as_deref()
-            .map_or(Ok(Layers::Unrolled), Layers::parse)
-            .map_err(|e| {
-                ConfigError::new(
-                    format!("problem.layers: {e}"),
-                    "use \"loop\" or \"unrolled\"",
-                )
-            })?,
+        layers: layers_of(problem)?,
     })
+}
+
+/// `problem.layers` of a qwen2 problem (unrolled when unset); the config refused other
+/// names already.
+pub fn layers_of(problem: &ProblemConfig) -> anyhow::Result<Layers> {
+    let ProblemConfig::Qwen2 { layers, .. } = problem else {
+        return Ok(Layers::Unrolled);
+    };
+    Ok(layers
+        .as_deref()
+        .map_or(Ok(Layers::Unrolled), Layers::parse)
+        .map_err(|e| {
+            ConfigError::new(
+                format!("problem.layers: {e}"),
+                "use \"loop\" or \"unrolled\"",
+            )
+        })?)
 }
 
 /// The weights a qwen2 `[problem]` names, a named model resolved (provisioned into the
@@ -411,6 +418,7 @@ pub fn decoding_problem(
     let dtype = config.compute_dtype()?;
     let mut loaded =
         shardes::decode::load_qwen2(&weights, dtype, config.run.seed).map_err(problem_error)?;
+    loaded.layers = layers_of(&config.problem)?;
     let params = std::mem::replace(
         &mut loaded.params,
         shardes::hlo::params::ParamTree::map(
@@ -429,8 +437,9 @@ pub fn decoding_problem(
         c.hidden_size,
         c.vocab_size
     );
-    let model =
-        shardes::hlo::problems::qwen2::Qwen2::new(c.clone(), 1, 1).with_compute_dtype(dtype);
+    let model = shardes::hlo::problems::qwen2::Qwen2::new(c.clone(), 1, 1)
+        .with_compute_dtype(dtype)
+        .with_layers(loaded.layers);
     Ok((
         Problem {
             model: Box::new(model),
