@@ -6,6 +6,7 @@ use shardes::hlo::problems::control::{self, Control, Env, Fitness, ENV_NAMES};
 use shardes::hlo::problems::quadratic::Quadratic;
 use shardes::hlo::problems::transformer_block::TransformerBlock;
 use shardes::host_control::MjcfControl;
+use std::path::PathBuf;
 
 use super::{nearest, ConfigError, ProblemConfig};
 
@@ -167,4 +168,64 @@ fn control_env(env: Option<&str>) -> Result<Env, ConfigError> {
         };
         ConfigError::new(format!("problem.env: unknown environment \"{name}\""), hint)
     })
+}
+
+/// Where a language model's weights come from, as a `[problem]` names them (exactly one
+/// of `model`, `checkpoint` and `size`), before a named model is resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WeightsKey {
+    /// `model = "NAME"` or a path.
+    Model(String),
+    /// `checkpoint = "PATH"`: a Hugging Face directory or a `.gguf` file.
+    Checkpoint(PathBuf),
+    /// `size = "…"`: random parameters.
+    Size(String),
+}
+
+impl ProblemConfig {
+    /// The one key of a qwen2 problem that names its weights, checked to be the only one.
+    pub fn weights_key(&self) -> Result<WeightsKey, ConfigError> {
+        let ProblemConfig::Qwen2 {
+            checkpoint,
+            size,
+            model,
+            ..
+        } = self
+        else {
+            return Err(ConfigError::new(
+                format!("problem \"{}\" has no model weights", self.name()),
+                "use [problem] name = \"qwen2\" with model, checkpoint or size",
+            ));
+        };
+        let set: Vec<&str> = [
+            ("model", model.is_some()),
+            ("checkpoint", checkpoint.is_some()),
+            ("size", size.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(k, on)| on.then_some(k))
+        .collect();
+        if set.len() > 1 {
+            return Err(ConfigError::new(
+                format!(
+                    "problem.{} are {} set",
+                    set.join(" and problem."),
+                    if set.len() == 2 { "both" } else { "all" }
+                ),
+                "keep one: model = \"smollm2-135m-instruct\" (or a .gguf path) or checkpoint = \
+                 \"DIR\" loads a model, size = \"tiny\" draws one at random",
+            ));
+        }
+        match (model, checkpoint, size) {
+            (Some(m), _, _) => Ok(WeightsKey::Model(m.clone())),
+            (_, Some(c), _) => Ok(WeightsKey::Checkpoint(c.clone())),
+            (_, _, Some(s)) => Ok(WeightsKey::Size(s.clone())),
+            _ => Err(ConfigError::new(
+                "problem \"qwen2\" needs problem.model, problem.checkpoint or problem.size",
+                "add model = \"smollm2-135m-instruct\" (a pretrained model, fetched once), \
+                 checkpoint = \"DIR\" (a Hugging Face directory or a .gguf file) or size = \
+                 \"tiny\", \"0.5b\" or \"1.5b\"",
+            )),
+        }
+    }
 }
