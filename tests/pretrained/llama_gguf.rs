@@ -26,12 +26,10 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::support::pretrained::run_one;
 use serde::Deserialize;
 use shardes::hlo::params::ParamTree;
-use shardes::hlo::problems::qwen2::{Qwen2, Qwen2Config};
+use shardes::hlo::problems::qwen2::Qwen2Config;
 use shardes::pretrained::{self, ModelError};
-use shardes::runtime::Client;
 
 /// The F32 file's logits against transformers' f32 ones.
 const F32_LOGITS_TOL: f32 = 1e-4;
@@ -67,21 +65,11 @@ fn expected() -> Expected {
 /// The largest absolute difference of `config`/`tree`'s logits from `expected.json`'s.
 fn logits_error(config: &Qwen2Config, tree: &ParamTree) -> f32 {
     let want = expected();
-    let (b, s) = (want.ids.len(), want.ids[0].len());
-    assert_eq!(want.logits_shape, [b, s, config.vocab_size]);
-    let ids: Vec<i32> = want.ids.concat();
-    let client = Client::cpu(1).expect("cpu client");
-    let m = Qwen2::new(config.clone(), b, s)
-        .logits_program(tree)
-        .expect("build logits");
-    let got = run_one(&client, &m, tree, &ids, &[b, s])
-        .to_host::<f32>()
-        .expect("logits");
-    assert_eq!(got.len(), want.logits.len());
-    got.iter()
-        .zip(&want.logits)
-        .map(|(g, w)| (g - w).abs())
-        .fold(0.0f32, f32::max)
+    assert_eq!(
+        want.logits_shape,
+        [want.ids.len(), want.ids[0].len(), config.vocab_size]
+    );
+    crate::support::pretrained::logits_error(config, tree, &want.ids, &want.logits)
 }
 
 #[test]

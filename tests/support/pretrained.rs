@@ -20,3 +20,32 @@ pub fn run_one(c: &Client, m: &Module, tree: &ParamTree, input: &[i32], shape: &
     let refs: Vec<&Buffer> = args.iter().collect();
     exe.execute(&[refs]).expect("execute").remove(0).remove(0)
 }
+
+/// The largest absolute difference between the f32 logits `[b, s, V]` of `config` on
+/// `tree` for the token ids `ids` (`b` rows of `s`) and the reference `want` (flat, the
+/// same layout); the shapes are asserted equal.
+pub fn logits_error(
+    config: &shardes::hlo::problems::qwen2::Qwen2Config,
+    tree: &ParamTree,
+    ids: &[Vec<i32>],
+    want: &[f32],
+) -> f32 {
+    let (b, s) = (ids.len(), ids[0].len());
+    assert_eq!(
+        want.len(),
+        b * s * config.vocab_size,
+        "reference logits shape"
+    );
+    let client = Client::cpu(1).expect("cpu client");
+    let m = shardes::hlo::problems::qwen2::Qwen2::new(config.clone(), b, s)
+        .logits_program(tree)
+        .expect("build logits");
+    let got = run_one(&client, &m, tree, &ids.concat(), &[b, s])
+        .to_host::<f32>()
+        .expect("logits");
+    assert_eq!(got.len(), want.len());
+    got.iter()
+        .zip(want)
+        .map(|(g, w)| (g - w).abs())
+        .fold(0.0f32, f32::max)
+}
