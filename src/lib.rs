@@ -59,7 +59,7 @@ pub mod tokenizer;
 pub mod trainer;
 
 pub use decode::{DecodeConfig, Decoded, PopulationDecoder};
-pub use outputs::{HostArray, HostData, OutputsRunner};
+pub use outputs::{CompileWhen, HostArray, HostData, OutputsRunner};
 #[cfg(feature = "models")]
 pub use problem::qwen2::{Qwen2Source, Qwen2Weights};
 pub use problem::{Problem, ProblemError};

@@ -8,7 +8,7 @@
 //! parameters, the key and the generation never leave the devices.
 
 use std::ops::Range;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use shardes_hlo::builder::{DType, TensorType};
 use shardes_hlo::es::{
@@ -133,7 +133,7 @@ fn gather(shards: &[Buffer], ty: &TensorType) -> Result<HostArray, Error> {
 #[allow(clippy::large_enum_variant)] // one per runner: boxing buys nothing
 enum Teller {
     /// One process: the tell program.
-    Local { exe: Executable, layout: Layout },
+    Local { exe: OnDemand, layout: Layout },
     /// One process of several: the update placed by `how_hosts`.
     Hosts {
         tell: HostsTell,
@@ -141,6 +141,43 @@ enum Teller {
         how: How,
         devices_lock: Option<Arc<Mutex<()>>>,
     },
+}
+
+/// A program's text and its executable, compiled on first use: a runner that only
+/// evaluates (greedy decoding of the unperturbed parameters) never pays for the perturbed
+/// program's or the tell's compile.
+struct OnDemand {
+    mlir: String,
+    devices: usize,
+    exe: OnceLock<Executable>,
+}
+
+impl OnDemand {
+    fn new(program: &Program, devices: usize) -> OnDemand {
+        OnDemand {
+            mlir: program.module.to_mlir(),
+            devices,
+            exe: OnceLock::new(),
+        }
+    }
+
+    /// The executable, compiled now if it was not yet.
+    fn get(&self, client: &Client) -> Result<&Executable, Error> {
+        if let Some(exe) = self.exe.get() {
+            return Ok(exe);
+        }
+        let exe = client.compile(&self.mlir, &CompileOptions::new(self.devices))?;
+        Ok(self.exe.get_or_init(|| exe))
+    }
+}
+
+/// When a runner compiles its outputs and tell programs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompileWhen {
+    /// While it is built (a training run: compile errors and times come first).
+    Now,
+    /// On first use (an evaluator that may only run [`OutputsRunner::compile`]d programs).
+    FirstUse,
 }
 
 /// A run whose population returns outputs: the outputs program and the tell program
@@ -152,7 +189,7 @@ enum Teller {
 /// [`crate::distributed::ProcessTrainer`] places it.
 pub struct OutputsRunner {
     client: Client,
-    outputs: Executable,
+    outputs: OnDemand,
     /// The outputs program's layout.
     layout: Layout,
     teller: Teller,
@@ -186,6 +223,19 @@ impl OutputsRunner {
         key: Key,
         generation: u32,
     ) -> Result<OutputsRunner, Error> {
+        Self::compiled(client, es, model, params, key, generation, CompileWhen::Now)
+    }
+
+    /// [`OutputsRunner::with_state`], compiling the outputs and tell programs `when` asked.
+    pub fn compiled(
+        client: &Client,
+        es: &ShardedES,
+        model: &dyn MemberOutputs,
+        params: &ParamTree,
+        key: Key,
+        generation: u32,
+        when: CompileWhen,
+    ) -> Result<OutputsRunner, Error> {
         let devices = es.devices();
         check_devices(client, devices)?;
         let leaves = leaf_infos(params);
@@ -193,9 +243,12 @@ impl OutputsRunner {
         // Sized after the same model, so tell regenerates the noise in the chunks the
         // outputs program drew it in.
         let second = es.tell_program(&AsModel(model), &leaves)?;
-        let opts = CompileOptions::new(devices);
-        let outputs = client.compile(&first.module.to_mlir(), &opts)?;
-        let exe = client.compile(&second.module.to_mlir(), &opts)?;
+        let outputs = OnDemand::new(&first, devices);
+        let exe = OnDemand::new(&second, devices);
+        if when == CompileWhen::Now {
+            outputs.get(client)?;
+            exe.get(client)?;
+        }
         let teller = Teller::Local {
             exe,
             layout: second.layout,
@@ -236,7 +289,8 @@ impl OutputsRunner {
         let first = es.part_outputs_program(model, &leaves, part)?;
         let programs = HostsTell::programs(es, &AsModel(model), &leaves, part, how_hosts)?;
         let opts = CompileOptions::new(devices);
-        let outputs = client.compile(&first.module.to_mlir(), &opts)?;
+        let outputs = OnDemand::new(&first, devices);
+        outputs.get(client)?;
         let exes = programs
             .iter()
             .map(|p| client.compile(&p.module.to_mlir(), &opts))
@@ -266,7 +320,7 @@ impl OutputsRunner {
         client: &Client,
         es: &ShardedES,
         layout: Layout,
-        outputs: Executable,
+        outputs: OnDemand,
         teller: Teller,
         params: &ParamTree,
         key: Key,
@@ -305,7 +359,7 @@ impl OutputsRunner {
     /// `[m, …]` for the `m` members of [`OutputsRunner::members`] (all `n` on one process)
     /// in member order. The state is unchanged.
     pub fn outputs(&self, inputs: &[HostArray]) -> Result<Vec<HostArray>, Error> {
-        self.run(&self.outputs, &self.layout, inputs)
+        self.run(self.outputs.get(&self.client)?, &self.layout, inputs)
     }
 
     /// Compiles another program over this runner's state (an outputs program of the same
@@ -422,6 +476,7 @@ impl OutputsRunner {
             ));
         };
         check_fitness(&values, layout.n, layout.tasks)?;
+        let exe = exe.get(&self.client)?;
         run_tell(&self.client, exe, layout, &mut self.state, &values)
     }
 

@@ -32,7 +32,7 @@ use shardes_runtime::{Client, Executable};
 use thiserror::Error;
 
 use crate::distributed::Distributed;
-use crate::outputs::{HostArray, OutputsRunner};
+use crate::outputs::{CompileWhen, HostArray, OutputsRunner};
 use crate::split::HostFitness;
 use crate::Error;
 
@@ -186,6 +186,26 @@ impl PopulationDecoder {
         let grouped = WithTasks(&spec, config.groups);
         let runner = OutputsRunner::with_state(client, es, &grouped, params, key, generation)?;
         Self::around(runner, es, decoder, params, config)
+    }
+
+    /// A decoder for evaluation only: greedy completions of `params`
+    /// ([`PopulationDecoder::decode_plain`]), the same batch on each of `devices` devices.
+    /// Only the evaluation program is compiled (on the first call); the perturbed decode
+    /// and the tell of its one-member-per-device population are compiled only if used.
+    pub fn evaluator<D: Decoder + Clone>(
+        client: &Client,
+        devices: usize,
+        decoder: D,
+        params: &ParamTree,
+        key: Key,
+        config: DecodeConfig,
+    ) -> Result<PopulationDecoder, Error> {
+        let es = ShardedES::new(Box::new(LowRank { r: 1 }), devices, 1.0, 0.0, devices)?;
+        let spec = config.spec(decoder.clone())?;
+        let grouped = WithTasks(&spec, config.groups);
+        let runner =
+            OutputsRunner::compiled(client, &es, &grouped, params, key, 0, CompileWhen::FirstUse)?;
+        Self::around(runner, &es, decoder, params, config)
     }
 
     /// [`PopulationDecoder::with_state`] as process `dist.part()` of a run across

@@ -5,11 +5,8 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use shardes::finetune::{Prompt, PromptBatch, Sampler};
-use shardes::hlo::es::strategy::LowRank;
-use shardes::hlo::es::ShardedES;
-use shardes::PopulationDecoder;
 
 use crate::config::{Config, ConfigError, ProblemConfig, TaskConfig};
 use crate::out::{outln, Stdout};
@@ -111,25 +108,11 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         .max_new_tokens
         .or(task_cfg.as_ref().map(TaskConfig::max_new_tokens))
         .unwrap_or(64);
-    let devices = config.devices;
-    // Every device decodes the same batch of the unperturbed parameters.
-    let es = ShardedES::new(Box::new(LowRank { r: 1 }), devices, 1.0, 0.0, devices)
-        .map_err(crate::config::es_error)?;
     let mut dc = loaded.decode_config(ids.len(), prompt_len, max_new);
     if let Some(eos) = task_cfg.as_ref().and_then(|t| t.eos.clone()) {
         dc.eos = eos;
     }
-    let client = setup::client(&config)?;
-    let mut decoder = PopulationDecoder::with_state(
-        &client,
-        &es,
-        loaded.decoder(&dc),
-        &problem.params,
-        problem.key,
-        0,
-        dc,
-    )
-    .context("building the decoding programs")?;
+    let mut decoder = setup::evaluator(&config, &loaded, &problem.params, problem.key, dc)?;
     let out = Sampler::decode_plain(&mut decoder, &ids)?;
     let completions = codec.completions(out)?;
     let rewards = match &batch {

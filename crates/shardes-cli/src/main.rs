@@ -21,6 +21,7 @@ mod completions;
 mod config;
 mod diag;
 mod estimate;
+mod eval;
 mod findings;
 mod generate;
 mod init;
@@ -68,6 +69,8 @@ enum Command {
     Estimate(estimate::EstimateArgs),
     /// Greedy completions of a qwen2 config's model (with rewards when it has a [task]).
     Generate(generate::GenerateArgs),
+    /// Held-out score of a run's parameters, the base model, or both (`--compare`).
+    Eval(eval::EvalArgs),
     /// The pretrained models a config may name (`problem.model`), cached or not.
     Models(models::ModelsArgs),
     /// Draw a run's curves (fitness, ms/gen, held-out eval) as SVG or PNG; runs overlay.
@@ -171,6 +174,7 @@ fn main() -> ExitCode {
         Command::Diag(a) => diag::run(a).map(|()| 0),
         Command::Estimate(a) => estimate::run(a).map(|()| 0),
         Command::Generate(a) => generate::run(a).map(|()| 0),
+        Command::Eval(a) => eval::run(a).map(|()| 0),
         Command::Models(a) => models::run(a).map(|()| 0),
         Command::Plot(a) => plot::run(a).map(|()| 0),
         Command::Rollout(a) => rollout::run(a).map(|()| 0),

@@ -468,3 +468,24 @@ pub fn problem_error(e: ProblemError) -> anyhow::Error {
         other => config_error(other),
     }
 }
+
+/// Greedy decoding of `params` for `dc` on the config's devices (`shardes generate` and
+/// `shardes eval`): only the evaluation program is compiled.
+pub fn evaluator(
+    config: &Config,
+    loaded: &shardes::decode::LoadedQwen2,
+    params: &shardes::hlo::params::ParamTree,
+    key: shardes::hlo::prng::Key,
+    dc: shardes::decode::DecodeConfig,
+) -> anyhow::Result<shardes::PopulationDecoder> {
+    let client = client(config)?;
+    shardes::PopulationDecoder::evaluator(
+        &client,
+        config.devices,
+        loaded.decoder(&dc),
+        params,
+        key,
+        dc,
+    )
+    .context("building the decoding program")
+}

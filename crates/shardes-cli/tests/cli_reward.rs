@@ -143,6 +143,49 @@ fn a_tiny_model_learns_a_token_reward() {
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no mean reward line in {stdout}"));
     assert!(mean >= 0.5, "{stdout}");
+
+    // `shardes eval --compare` decodes the held-out prompts with the run's own evaluation
+    // program: its per-prompt rewards average exactly to eval.jsonl's first and last lines.
+    let o = bin()
+        .arg("eval")
+        .arg(&out)
+        .args(["--compare", "--count", "16"])
+        .output()
+        .unwrap();
+    let (stdout, _) = exited(&o, 0);
+    for row in ["base ", "tuned ", "diff ", "(generation 30)", "mean reward"] {
+        assert!(stdout.contains(row), "{row}: {stdout}");
+    }
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(out.join("eval-completions.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 32);
+    let mean_of = |model: &str| {
+        let r: Vec<f64> = lines
+            .iter()
+            .filter(|l| l["model"] == model)
+            .map(|l| l["reward"].as_f64().unwrap())
+            .collect();
+        assert_eq!(r.len(), 16, "{model}");
+        r.iter().sum::<f64>() / 16.0
+    };
+    assert_eq!(mean_of("base"), held(0), "{stdout}");
+    assert_eq!(mean_of("tuned"), held(3), "{stdout}");
+    // Parameters of a run of another model (another seed's random weights) are refused.
+    let other = write(
+        dir.path(),
+        "other.toml",
+        &target_token(&out, 30, 10, "").replace("seed = 0", "seed = 5"),
+    );
+    let o = bin()
+        .args(["eval", other.to_str().unwrap(), "--params"])
+        .arg(&params)
+        .output()
+        .unwrap();
+    let (_, stderr) = exited(&o, 2);
+    assert!(stderr.contains("another model"), "{stderr}");
 }
 
 /// Sampled decoding (temperature 0.8) with fresh prompts every generation, killed after
