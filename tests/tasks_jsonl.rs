@@ -34,18 +34,12 @@ fn parses_items() {
     assert_eq!(
         items,
         vec![
+            QaItem::new("2+2?", "4"),
             QaItem {
-                prompt: "2+2?".into(),
-                answer: "4".into()
+                extra: serde_json::json!({"id": 7}).as_object().unwrap().clone(),
+                ..QaItem::new("half of 3?", "1.5")
             },
-            QaItem {
-                prompt: "half of 3?".into(),
-                answer: "1.5".into()
-            },
-            QaItem {
-                prompt: "big".into(),
-                answer: "12345678901".into()
-            },
+            QaItem::new("big", "12345678901"),
         ]
     );
 }
@@ -161,10 +155,7 @@ fn exact_match_reward() {
 
 fn items(n: usize) -> Vec<QaItem> {
     (0..n)
-        .map(|i| QaItem {
-            prompt: format!("question {i}"),
-            answer: i.to_string(),
-        })
+        .map(|i| QaItem::new(format!("question {i}"), i.to_string()))
         .collect()
 }
 

@@ -321,7 +321,7 @@ impl<S: Sampler> RewardLoop<S> {
         let flat: Vec<Vec<u32>> = decoded.into_iter().flatten().collect();
         let tokens: usize = flat.iter().map(Vec::len).sum();
         let completions = self.codec.completions(flat)?;
-        let scores = batch.score(&completions)?;
+        let scores = batch.score_from(&completions, self.sampler.members().start)?;
         host += t_host.elapsed().as_secs_f64();
         let (rewards, tokens, contained) = if dist.size() == 1 {
             (scores.rewards, tokens, scores.contained.len())
@@ -372,7 +372,7 @@ impl<S: Sampler> RewardLoop<S> {
         }
         let mean_length = mean(out.iter().map(|c| c.len() as f64));
         let completions = self.codec.completions(out)?;
-        let scores = batch.score(&completions)?;
+        let scores = batch.score_plain(&completions)?;
         let r = &scores.rewards;
         let l2 = match &self.init {
             Some(init) => l2_distance(&self.sampler.params()?, init)?,

@@ -243,6 +243,17 @@ impl TaskItem for Puzzle {
     fn prompt(&self) -> &str {
         &self.prompt
     }
+
+    /// `{"prompt", "numbers", "target", "solution"}` (one expression that reaches the
+    /// target; others may too).
+    fn fields(&self) -> serde_json::Value {
+        serde_json::json!({
+            "prompt": self.prompt,
+            "numbers": self.numbers,
+            "target": self.target,
+            "solution": self.solution,
+        })
+    }
 }
 
 /// The instruction of a puzzle (TinyZero's wording).

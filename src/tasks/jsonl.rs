@@ -4,7 +4,8 @@
 //! # File format
 //!
 //! One JSON object per line with a string `"prompt"` and an `"answer"` that is a string or
-//! a number (a number is kept as its JSON text, `42` or `1.5`); other keys are ignored.
+//! a number (a number is kept as its JSON text, `42` or `1.5`); other keys are kept in
+//! [`QaItem::extra`] for a reward program (the built-in reward ignores them).
 //! Blank lines are skipped (line numbers still count them), a UTF-8 byte-order mark and
 //! `\r\n` line ends are accepted. A file without any item is [`TaskError::EmptyTaskFile`];
 //! any other bad line is [`TaskError::MalformedLine`] with the file and the 1-based line.
@@ -36,7 +37,7 @@
 
 use std::path::Path;
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use serde::Serialize;
 
@@ -57,11 +58,35 @@ pub struct QaItem {
     pub prompt: String,
     /// The reference answer.
     pub answer: String,
+    /// The line's other keys, as they were: the built-in reward ignores them, a reward
+    /// program receives them ([`TaskItem::fields`]).
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+impl QaItem {
+    /// An item with no other keys.
+    pub fn new(prompt: impl Into<String>, answer: impl Into<String>) -> QaItem {
+        QaItem {
+            prompt: prompt.into(),
+            answer: answer.into(),
+            extra: Map::new(),
+        }
+    }
 }
 
 impl TaskItem for QaItem {
     fn prompt(&self) -> &str {
         &self.prompt
+    }
+
+    /// Every key of the item's line: `prompt`, `answer` (as a string, a number's text as
+    /// the file wrote it) and the others as they were.
+    fn fields(&self) -> Value {
+        let mut m = self.extra.clone();
+        m.insert("prompt".into(), Value::String(self.prompt.clone()));
+        m.insert("answer".into(), Value::String(self.answer.clone()));
+        Value::Object(m)
     }
 }
 
@@ -92,7 +117,7 @@ pub fn parse_jsonl(bytes: &[u8], path: &Path) -> Result<Vec<QaItem>, TaskError> 
         }
         let value: Value =
             serde_json::from_str(text).map_err(|e| bad(format!("invalid JSON ({e})")))?;
-        let Value::Object(obj) = value else {
+        let Value::Object(mut obj) = value else {
             return Err(bad("not a JSON object".into()));
         };
         let prompt = match obj.get("prompt") {
@@ -106,7 +131,13 @@ pub fn parse_jsonl(bytes: &[u8], path: &Path) -> Result<Vec<QaItem>, TaskError> 
             Some(_) => return Err(bad("\"answer\" is neither a string nor a number".into())),
             None => return Err(bad("no \"answer\" key".into())),
         };
-        items.push(QaItem { prompt, answer });
+        obj.remove("prompt");
+        obj.remove("answer");
+        items.push(QaItem {
+            prompt,
+            answer,
+            extra: obj,
+        });
     }
     if items.is_empty() {
         return Err(TaskError::EmptyTaskFile {

@@ -12,6 +12,9 @@
 //! - [`jsonl`]: `{"prompt": …, "answer": …}` lines with an exact-match reward;
 //! - [`chat`] renders a prompt through a checkpoint's chat template (for Instruct models).
 //!
+//! Any text task can instead be rewarded by a program of the user's, in any language,
+//! speaking JSON lines on its stdin and stdout: [`command`] (`[task.reward] command`).
+//!
 //! # Containment
 //!
 //! A reward that panics or returns NaN or ±∞ for a completion does not stop the run:
@@ -32,6 +35,7 @@ use thiserror::Error;
 use crate::hlo::prng::PrngError;
 
 pub mod chat;
+pub mod command;
 pub mod countdown;
 mod draw;
 pub mod jsonl;
@@ -130,6 +134,9 @@ pub enum TaskError {
         /// `train` or `held-out`.
         split: &'static str,
     },
+    /// A reward program failed beyond containment (see [`command`]).
+    #[error(transparent)]
+    Command(#[from] command::CommandError),
     /// The completions do not pair with the items.
     #[error(
         "{completions} completions for {items} items: completions must be laid out \
@@ -147,6 +154,12 @@ pub enum TaskError {
 pub trait TaskItem {
     /// The prompt, before any chat template.
     fn prompt(&self) -> &str;
+
+    /// The item's fields as a JSON object, what a reward program receives as `item`
+    /// ([`command`]); by default only `{"prompt": ...}`.
+    fn fields(&self) -> serde_json::Value {
+        serde_json::json!({ "prompt": self.prompt() })
+    }
 }
 
 /// Scores one completion of one item; users implement it for their own rewards.
@@ -213,6 +226,10 @@ pub enum Failure {
     Panicked(String),
     /// The reward returned NaN or ±∞ (the value).
     NonFinite(f32),
+    /// A reward program answered with something that is not a finite reward (what).
+    BadAnswer(String),
+    /// A reward program did not answer in time, or died twice before answering.
+    NoAnswer,
 }
 
 /// One contained failure: which completion and why.
@@ -229,7 +246,8 @@ pub struct Contained {
 pub struct Scores {
     /// One finite reward per completion, in batch order.
     pub rewards: Vec<f32>,
-    /// The completions whose reward panicked or was not finite, in index order; each got
+    /// The completions whose reward panicked, was not finite or (from a reward program)
+    /// was bad or missing, in index order; each got
     /// [`Scores::floor`].
     pub contained: Vec<Contained>,
     /// The value given to contained completions: `m − 1` where `m` is the smallest finite

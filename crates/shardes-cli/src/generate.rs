@@ -116,7 +116,11 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     let out = Sampler::decode_plain(&mut decoder, &ids)?;
     let completions = codec.completions(out)?;
     let rewards = match &batch {
-        Some(b) => Some(b.score(&completions).map_err(taskset::task_error)?.rewards),
+        Some(b) => Some(
+            b.score_plain(&completions)
+                .map_err(taskset::task_error)?
+                .rewards,
+        ),
         None => None,
     };
     let mut o = Stdout::new();

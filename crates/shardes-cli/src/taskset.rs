@@ -5,10 +5,11 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use shardes::finetune::{RewardTask, TextCodec, TextTask};
+use shardes::tasks::command::RewardCommand;
 use shardes::tasks::countdown::{CountdownConfig, CountdownTask, PromptStyle};
 use shardes::tasks::jsonl::JsonlTask;
 use shardes::tasks::target_token::{TargetToken, TargetTokenConfig};
-use shardes::tasks::TaskError;
+use shardes::tasks::{Task, TaskError};
 use shardes::tokenizer::Tokenizer;
 use shardes::Qwen2Weights;
 
@@ -25,13 +26,39 @@ pub fn task_error(e: TaskError) -> anyhow::Error {
             "fix the file named above (task.train or task.held_out)".into()
         }
         TaskError::Read { .. } => "check task.train / task.held_out".into(),
+        TaskError::Command(_) => "fix task.reward.command (see above)".into(),
         _ => "check the [task] section".into(),
     };
     ConfigError::new(format!("task: {e}"), hint).into()
 }
 
+/// The reward program of `[task.reward]`, checked (it exists and is executable) but not
+/// started: it starts at the first batch it scores.
+fn reward_command(t: &TaskConfig) -> Result<Option<RewardCommand>> {
+    let Some(r) = &t.reward else {
+        return Ok(None);
+    };
+    let command = RewardCommand::new(r.spec()?).map_err(|e| {
+        ConfigError::new(
+            format!("{e}"),
+            "set task.reward.command to an executable program and its arguments, e.g. \
+             [\"python3\", \"examples/reward.py\"]",
+        )
+    })?;
+    Ok(Some(command))
+}
+
+/// `task` as a reward task, rewarded by `command` when there is one.
+fn text_task<T: Task + 'static>(task: T, command: Option<RewardCommand>) -> Box<dyn RewardTask> {
+    match command {
+        Some(c) => Box::new(TextTask::with_command(task, c)),
+        None => Box::new(TextTask::new(task)),
+    }
+}
+
 /// The task of `t`; `vocab` is the model's vocabulary (for `target_token`).
 pub fn task(t: &TaskConfig, vocab: usize) -> Result<Box<dyn RewardTask>> {
+    let command = reward_command(t)?;
     Ok(match t.name.as_str() {
         "countdown" => {
             let d = CountdownConfig::default();
@@ -49,7 +76,7 @@ pub fn task(t: &TaskConfig, vocab: usize) -> Result<Box<dyn RewardTask>> {
                 eval_seed: t.eval_seed.unwrap_or(d.eval_seed),
                 prompt: style,
             };
-            Box::new(TextTask::new(CountdownTask::new(c).map_err(task_error)?))
+            text_task(CountdownTask::new(c).map_err(task_error)?, command)
         }
         "jsonl" => {
             let train = t.train.as_deref().ok_or_else(|| {
@@ -59,7 +86,7 @@ pub fn task(t: &TaskConfig, vocab: usize) -> Result<Box<dyn RewardTask>> {
                 )
             })?;
             let task = JsonlTask::open(train, t.held_out.as_deref()).map_err(task_error)?;
-            Box::new(TextTask::new(task))
+            text_task(task, command)
         }
         "target_token" => {
             let token = t.token.ok_or_else(|| {

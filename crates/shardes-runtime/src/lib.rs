@@ -56,6 +56,7 @@
 mod api;
 mod buffer;
 mod cache;
+pub mod child;
 mod client;
 mod dtype;
 mod error;

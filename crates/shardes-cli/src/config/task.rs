@@ -9,6 +9,11 @@
 //! max_new_tokens = 128     # tokens each completion may generate
 //! chat = true              # wrap prompts with the checkpoint's chat template
 //!
+//! [task.reward]           # optional, text tasks: a reward program instead of the built-in
+//! command = ["python3", "examples/reward.py"]
+//! timeout_s = 30           # seconds to wait for each answer (a missing one is contained)
+//! restarts = 3             # restarts of the program over the run, then the run stops
+//!
 //! [eval]
 //! every = 10               # held-out evaluation every this many generations (0: start and end)
 //! prompts = 64             # held-out prompts per evaluation
@@ -63,6 +68,12 @@ pub fn task_keys(name: &str) -> Vec<&'static str> {
         None => Vec::new(),
     }
 }
+
+/// The tasks with text completions, which `[task.reward]` may score.
+const REWARD_TASKS: &[&str] = &["countdown", "jsonl"];
+
+/// `[task.reward]` keys.
+pub const REWARD_KEYS: &[&str] = &["command", "timeout_s", "restarts"];
 
 /// `[eval]` keys.
 pub const EVAL_KEYS: &[&str] = &["every", "prompts", "samples"];
@@ -138,6 +149,49 @@ pub struct TaskConfig {
     /// target_token: tokens per (random) prompt (default 4).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_tokens: Option<usize>,
+    /// `[task.reward]`: a reward program instead of the task's built-in reward.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reward: Option<RewardConfig>,
+}
+
+/// `[task.reward]`: a program of the user's scores the completions
+/// (`shardes::tasks::command` describes the protocol).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RewardConfig {
+    /// The program and its arguments, e.g. `["python3", "examples/reward.py"]`.
+    pub command: Vec<String>,
+    /// Seconds to wait for each answer (default 30).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_s: Option<f64>,
+    /// Restarts of the program allowed over the run (default 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restarts: Option<u32>,
+}
+
+impl RewardConfig {
+    /// The library's spec, range-checked.
+    pub fn spec(&self) -> Result<shardes::tasks::command::CommandSpec, ConfigError> {
+        use shardes::tasks::command::{CommandSpec, DEFAULT_RESTARTS, DEFAULT_TIMEOUT_S};
+        if self.command.is_empty() {
+            return Err(ConfigError::new(
+                "task.reward.command is empty",
+                "give the program and its arguments, e.g. command = [\"python3\", \"examples/reward.py\"]",
+            ));
+        }
+        let secs = self.timeout_s.unwrap_or(DEFAULT_TIMEOUT_S);
+        let timeout = CommandSpec::timeout_from_secs(secs).map_err(|_| {
+            ConfigError::new(
+                format!("task.reward.timeout_s = {secs}"),
+                "give the seconds to wait for each answer: above 0 and at most 86400",
+            )
+        })?;
+        Ok(CommandSpec {
+            command: self.command.clone(),
+            timeout,
+            restarts: self.restarts.unwrap_or(DEFAULT_RESTARTS),
+        })
+    }
 }
 
 /// `[eval]`: held-out evaluation of the unperturbed parameters.
@@ -235,6 +289,10 @@ impl TaskConfig {
             if COMMON.contains(&k) || own.contains(&k) {
                 continue;
             }
+            if k == "reward" {
+                check_reward_table(name, &table[k])?;
+                continue;
+            }
             let reads: Vec<&str> = COMMON.iter().chain(own.iter()).copied().collect();
             if every.contains(&k) {
                 return Err(ConfigError::new(
@@ -253,6 +311,9 @@ impl TaskConfig {
 
     /// Range checks of the values.
     pub(crate) fn check(&self) -> Result<(), ConfigError> {
+        if let Some(r) = &self.reward {
+            r.spec()?;
+        }
         for (key, v) in [
             ("task.prompts", self.prompts()),
             ("task.prompt_len", self.prompt_len()),
@@ -317,6 +378,51 @@ impl TaskConfig {
         }
         files
     }
+}
+
+/// Refuses `[task.reward]` for a task without text completions, a `reward` that is not a
+/// table, and keys of it that are not [`REWARD_KEYS`] (with the nearest one).
+fn check_reward_table(name: &str, value: &toml::Value) -> Result<(), ConfigError> {
+    if !REWARD_TASKS.contains(&name) {
+        return Err(ConfigError::new(
+            format!(
+                "[task.reward] does not apply to task \"{name}\" (its completions are token ids)"
+            ),
+            format!(
+                "remove [task.reward]; a reward program scores the text tasks: {}",
+                REWARD_TASKS.join(", ")
+            ),
+        ));
+    }
+    let Some(t) = value.as_table() else {
+        return Err(ConfigError::new(
+            "task.reward is not a table",
+            "write it as a section: [task.reward] then command = [\"python3\", \"reward.py\"]",
+        ));
+    };
+    if !t.contains_key("command") {
+        return Err(ConfigError::new(
+            "[task.reward] has no command",
+            "set task.reward.command = [\"python3\", \"reward.py\"] (the program and its arguments)",
+        ));
+    }
+    for k in t.keys() {
+        if REWARD_KEYS.contains(&k.as_str()) {
+            continue;
+        }
+        let hint = match nearest(k, REWARD_KEYS) {
+            Some(n) => format!(
+                "did you mean `{n}`? [task.reward] reads: {}",
+                REWARD_KEYS.join(", ")
+            ),
+            None => format!("[task.reward] reads: {}", REWARD_KEYS.join(", ")),
+        };
+        return Err(ConfigError::new(
+            format!("unknown key `task.reward.{k}`"),
+            hint,
+        ));
+    }
+    Ok(())
 }
 
 impl EvalConfig {
@@ -417,11 +523,52 @@ generations = 2
                 "[task]\nname = \"target_token\"\ntoken = 1\n[eval]\nevry = 2\n",
                 "did you mean `every`",
             ),
+            (
+                "[task]\nname = \"countdown\"\n[task.reward]\ncommand = [\"x\"]\ntimeout = 3\n",
+                "unknown key `task.reward.timeout`",
+            ),
+            (
+                "[task]\nname = \"countdown\"\n[task.reward]\ncommand = [\"x\"]\nrestart = 3\n",
+                "did you mean `restarts`",
+            ),
+            (
+                "[task]\nname = \"countdown\"\n[task.reward]\ntimeout_s = 3\n",
+                "[task.reward] has no command",
+            ),
+            (
+                "[task]\nname = \"countdown\"\n[task.reward]\ncommand = []\n",
+                "task.reward.command is empty",
+            ),
+            (
+                "[task]\nname = \"countdown\"\n[task.reward]\ncommand = [\"x\"]\ntimeout_s = 0\n",
+                "task.reward.timeout_s = 0",
+            ),
+            (
+                "[task]\nname = \"countdown\"\nreward = 3\n",
+                "task.reward is not a table",
+            ),
+            (
+                "[task]\nname = \"target_token\"\ntoken = 1\n[task.reward]\ncommand = [\"x\"]\n",
+                "does not apply to task \"target_token\"",
+            ),
         ];
         for (extra, want) in cases {
             let e = parse(extra).unwrap_err();
             assert!(e.contains(want), "{extra:?}: {e}");
         }
+    }
+
+    #[test]
+    fn a_reward_table_parses() {
+        let c = parse(
+            "[task]\nname = \"countdown\"\n[task.reward]\ncommand = [\"python3\", \"r.py\"]\n\
+             timeout_s = 0.5\nrestarts = 1\n",
+        )
+        .unwrap();
+        let spec = c.task.unwrap().reward.unwrap().spec().unwrap();
+        assert_eq!(spec.command, ["python3", "r.py"]);
+        assert_eq!(spec.timeout, std::time::Duration::from_millis(500));
+        assert_eq!(spec.restarts, 1);
     }
 
     #[test]
