@@ -30,6 +30,8 @@ pub mod distributed;
 pub mod dtype;
 pub mod estimate;
 #[cfg(feature = "models")]
+pub mod export;
+#[cfg(feature = "models")]
 pub mod family;
 #[cfg(feature = "models")]
 pub mod finetune;

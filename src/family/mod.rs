@@ -11,8 +11,16 @@
 //!
 //! GGUF files name tensors the llama.cpp way (`blk.{l}.attn_q.weight`); [`GGUF_TENSORS`]
 //! maps those names to the Hugging Face leaf paths the decoder reads.
+//!
+//! The way back is here too, for `shardes export`: [`hf_config_json`] writes a
+//! `config.json` and [`gguf_hparams`] a GGUF file's hyperparameter keys, each from the
+//! keys every family shares plus the family's own ([`Family::hf_keys`],
+//! [`Family::gguf_keys`]).
 
+use serde_json::{json, Map, Value};
 use shardes_hlo::problems::qwen2::Qwen2Config;
+
+use crate::gguf::MetaValue;
 
 mod llama;
 mod qwen2;
@@ -70,6 +78,15 @@ pub struct Family {
     /// Whether llama.cpp's converter reordered the rows of `attn_q` and `attn_k` for its
     /// interleaved rotary layout (undone on load: [`unpermute_rows`]).
     pub gguf_permutes_qk: bool,
+    /// The `architectures` entry of the family's Hugging Face configs
+    /// (`Qwen2ForCausalLM`).
+    pub hf_architecture: &'static str,
+    /// Writes the family's own `config.json` keys for `config` (the inverse of
+    /// [`Family::hf_settings`]): biases, head width, rotary settings.
+    pub hf_keys: fn(&Qwen2Config, &mut Map<String, Value>),
+    /// Appends the family's own GGUF keys for `config` under `{architecture}.` (the
+    /// second argument), or names the setting a GGUF file of the family cannot hold.
+    pub gguf_keys: fn(&Qwen2Config, &str, &mut GgufKeys) -> Result<(), Unsupported>,
 }
 
 /// Every family shardes reads, by name.
@@ -109,6 +126,181 @@ pub fn known_gguf_architectures() -> String {
         .map(|t| format!("`{t}`"))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// GGUF metadata keys and their values, in the order they are written.
+pub type GgufKeys = Vec<(String, MetaValue)>;
+
+/// What a `config.json` says besides the decoder's settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HfExtras {
+    /// `max_position_embeddings` (left out when unknown: transformers' default applies).
+    pub max_positions: Option<usize>,
+    /// `bos_token_id`.
+    pub bos: Option<u32>,
+    /// `eos_token_id` (one id is written as a number, several as a list).
+    pub eos: Vec<u32>,
+    /// `pad_token_id`.
+    pub pad: Option<u32>,
+    /// `torch_dtype` (and `dtype`, as transformers 5 writes it): `float32` or `bfloat16`.
+    pub torch_dtype: &'static str,
+}
+
+/// A token id list as `config.json` writes it: one id as a number, several as a list,
+/// none as null.
+pub fn ids_json(ids: &[u32]) -> Value {
+    match ids {
+        [] => Value::Null,
+        [one] => json!(one),
+        many => json!(many),
+    }
+}
+
+/// The `rope_parameters` object of `config` (transformers 5's form: `rope_type`,
+/// `rope_theta` and the scaling's own fields).
+pub fn rope_parameters(config: &Qwen2Config) -> Value {
+    use shardes_hlo::problems::qwen2::RopeScaling;
+    let mut r = json!({ "rope_type": config.rope_scaling.name(), "rope_theta": config.rope_theta });
+    match config.rope_scaling {
+        RopeScaling::None => {}
+        RopeScaling::Linear { factor } => r["factor"] = json!(factor),
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        } => {
+            r["factor"] = json!(factor);
+            r["low_freq_factor"] = json!(low_freq_factor);
+            r["high_freq_factor"] = json!(high_freq_factor);
+            // transformers reads it as an integer.
+            r["original_max_position_embeddings"] = json!(original_max_position_embeddings as u64);
+        }
+    }
+    r
+}
+
+/// A Hugging Face `config.json` of `family` for `config`: the keys every family shares
+/// (sizes, norm epsilon, rotary base, tying, token ids, dtype) and the family's own.
+/// [`crate::hf::parse_hf_config`] reads it back to `config`.
+pub fn hf_config_json(family: &Family, config: &Qwen2Config, extras: &HfExtras) -> Value {
+    let mut m = Map::new();
+    m.insert("architectures".into(), json!([family.hf_architecture]));
+    m.insert("model_type".into(), json!(family.name));
+    m.insert("vocab_size".into(), json!(config.vocab_size));
+    m.insert("hidden_size".into(), json!(config.hidden_size));
+    m.insert("intermediate_size".into(), json!(config.intermediate_size));
+    m.insert("num_hidden_layers".into(), json!(config.num_hidden_layers));
+    m.insert(
+        "num_attention_heads".into(),
+        json!(config.num_attention_heads),
+    );
+    m.insert(
+        "num_key_value_heads".into(),
+        json!(config.num_key_value_heads),
+    );
+    m.insert("hidden_act".into(), json!("silu"));
+    m.insert("rms_norm_eps".into(), json!(config.rms_norm_eps));
+    m.insert("rope_theta".into(), json!(config.rope_theta));
+    m.insert("rope_parameters".into(), rope_parameters(config));
+    m.insert(
+        "tie_word_embeddings".into(),
+        json!(config.tie_word_embeddings),
+    );
+    if let Some(p) = extras.max_positions {
+        m.insert("max_position_embeddings".into(), json!(p));
+    }
+    if let Some(b) = extras.bos {
+        m.insert("bos_token_id".into(), json!(b));
+    }
+    if !extras.eos.is_empty() {
+        m.insert("eos_token_id".into(), ids_json(&extras.eos));
+    }
+    if let Some(p) = extras.pad {
+        m.insert("pad_token_id".into(), json!(p));
+    }
+    m.insert("torch_dtype".into(), json!(extras.torch_dtype));
+    m.insert("dtype".into(), json!(extras.torch_dtype));
+    m.insert("use_cache".into(), json!(true));
+    (family.hf_keys)(config, &mut m);
+    Value::Object(m)
+}
+
+/// The hyperparameter keys of a GGUF file of `family` for `config`, as llama.cpp's
+/// converter writes them: `general.architecture` and `{arch}.block_count`,
+/// `context_length` (where known), `embedding_length`, `feed_forward_length`,
+/// `attention.head_count(_kv)`, `rope.freq_base`, `attention.layer_norm_rms_epsilon`,
+/// `vocab_size`, `rope.dimension_count`, the head width where it is set apart, and the
+/// family's own keys. Errors name a setting such a file cannot hold.
+pub fn gguf_hparams(
+    family: &Family,
+    config: &Qwen2Config,
+    context_length: Option<usize>,
+) -> Result<GgufKeys, Unsupported> {
+    let arch = family
+        .gguf_architectures
+        .first()
+        .copied()
+        .unwrap_or(family.name);
+    let key = |k: &str| format!("{arch}.{k}");
+    // llama.cpp's sizes are u32; a model whose sizes do not fit is refused.
+    let u32_of = |name: &str, v: usize| -> Result<MetaValue, Unsupported> {
+        u32::try_from(v)
+            .map(MetaValue::U32)
+            .map_err(|_| Unsupported::new(name, v))
+    };
+    let mut out = vec![(
+        "general.architecture".to_string(),
+        MetaValue::String(arch.to_string()),
+    )];
+    out.push((
+        key("block_count"),
+        u32_of("num_hidden_layers", config.num_hidden_layers)?,
+    ));
+    if let Some(c) = context_length {
+        out.push((key("context_length"), u32_of("max_position_embeddings", c)?));
+    }
+    out.push((
+        key("embedding_length"),
+        u32_of("hidden_size", config.hidden_size)?,
+    ));
+    out.push((
+        key("feed_forward_length"),
+        u32_of("intermediate_size", config.intermediate_size)?,
+    ));
+    out.push((
+        key("attention.head_count"),
+        u32_of("num_attention_heads", config.num_attention_heads)?,
+    ));
+    out.push((
+        key("attention.head_count_kv"),
+        u32_of("num_key_value_heads", config.num_key_value_heads)?,
+    ));
+    out.push((
+        key("rope.freq_base"),
+        MetaValue::F32(config.rope_theta as f32),
+    ));
+    out.push((
+        key("attention.layer_norm_rms_epsilon"),
+        MetaValue::F32(config.rms_norm_eps as f32),
+    ));
+    out.push((key("vocab_size"), u32_of("vocab_size", config.vocab_size)?));
+    out.push((
+        key("rope.dimension_count"),
+        u32_of("head_dim", config.head_dim())?,
+    ));
+    if config.explicit_head_dim.is_some() {
+        out.push((
+            key("attention.key_length"),
+            u32_of("head_dim", config.head_dim())?,
+        ));
+        out.push((
+            key("attention.value_length"),
+            u32_of("head_dim", config.head_dim())?,
+        ));
+    }
+    (family.gguf_keys)(config, arch, &mut out)?;
+    Ok(out)
 }
 
 /// llama.cpp's tensor names (after `blk.{l}.` for a layer's) and the Hugging Face leaf
@@ -159,6 +351,19 @@ pub fn gguf_tensor_of_leaf(path: &str) -> Option<String> {
     let layer: usize = layer.parse().ok()?;
     let &(g, _) = GGUF_TENSORS.iter().find(|(_, l)| *l == tail)?;
     Some(format!("blk.{layer}.{g}"))
+}
+
+/// The heads whose rows llama.cpp reorders in leaf `path` of a family that permutes q/k
+/// ([`Family::gguf_permutes_qk`]): the query heads of a `q_proj`, the key-value heads of a
+/// `k_proj` (weight or bias), `None` for every other leaf.
+pub fn permuted_heads(path: &str, config: &Qwen2Config) -> Option<usize> {
+    if path.contains(".q_proj.") {
+        Some(config.num_attention_heads)
+    } else if path.contains(".k_proj.") {
+        Some(config.num_key_value_heads)
+    } else {
+        None
+    }
 }
 
 /// Undoes llama.cpp's q/k row order: the `rows × cols` matrix (or `rows` vector, `cols =

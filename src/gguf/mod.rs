@@ -1,5 +1,5 @@
 //! Reading llama.cpp GGUF files: metadata, the tensor table, and tensors dequantized to
-//! f32.
+//! f32; and writing them ([`write_gguf`], tensors as F32, F16 or Q8_0).
 //!
 //! [`GgufFile::open`] memory-maps the file and validates all of it up front: the header
 //! (GGUF versions 2 and 3, little-endian), every metadata entry, and the tensor table
@@ -33,6 +33,7 @@ mod cursor;
 mod error;
 mod quants;
 mod reader;
+mod write;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
@@ -42,6 +43,7 @@ use memmap2::Mmap;
 
 pub use error::GgufError;
 pub use quants::{dequantize, GgmlType, SUPPORTED};
+pub use write::{encode, encoded_len, write_gguf, GgufWriteError, TensorOut, ALIGNMENT};
 
 /// One metadata value, as GGUF types it.
 #[derive(Debug, Clone, PartialEq)]

@@ -275,14 +275,7 @@ pub(super) fn load_params(
         let t = &file.tensors()[index];
         let mut data = file.dequantize(t)?;
         if family.gguf_permutes_qk {
-            let heads = if path.contains(".q_proj.") {
-                Some(config.num_attention_heads)
-            } else if path.contains(".k_proj.") {
-                Some(config.num_key_value_heads)
-            } else {
-                None
-            };
-            if let Some(heads) = heads {
+            if let Some(heads) = family::permuted_heads(&path, config) {
                 let rows = shape[0];
                 let cols = shape.get(1).copied().unwrap_or(1);
                 data = family::unpermute_rows(&data, rows, cols, heads);

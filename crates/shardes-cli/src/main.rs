@@ -22,6 +22,7 @@ mod config;
 mod diag;
 mod estimate;
 mod eval;
+mod export;
 mod findings;
 mod generate;
 mod init;
@@ -71,6 +72,9 @@ enum Command {
     Generate(generate::GenerateArgs),
     /// Held-out score of a run's parameters, the base model, or both (`--compare`).
     Eval(eval::EvalArgs),
+    /// A language-model run's parameters as a Hugging Face directory (--hf) and/or a GGUF
+    /// file (--gguf), with its model's tokenizer and chat template.
+    Export(export::ExportArgs),
     /// The pretrained models a config may name (`problem.model`), cached or not.
     Models(models::ModelsArgs),
     /// Draw a run's curves (fitness, ms/gen, held-out eval) as SVG or PNG; runs overlay.
@@ -175,6 +179,7 @@ fn main() -> ExitCode {
         Command::Estimate(a) => estimate::run(a).map(|()| 0),
         Command::Generate(a) => generate::run(a).map(|()| 0),
         Command::Eval(a) => eval::run(a).map(|()| 0),
+        Command::Export(a) => export::run(a).map(|()| 0),
         Command::Models(a) => models::run(a).map(|()| 0),
         Command::Plot(a) => plot::run(a).map(|()| 0),
         Command::Rollout(a) => rollout::run(a).map(|()| 0),
