@@ -41,6 +41,8 @@ fn es(devices: usize) -> ShardedES {
         devices,
     )
     .unwrap()
+    // Chunks dividing n / 8: the tokens are the same bits on 1 and 8 devices.
+    .with_device_invariant(true)
 }
 
 fn decoder(

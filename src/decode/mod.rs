@@ -54,6 +54,11 @@ pub struct DecodeConfig {
     /// Fitness columns per member that [`PopulationDecoder::tell`] takes: 1, or one per
     /// prompt (`batch`) for `group_relative` shaping.
     pub groups: usize,
+    /// Rows of the evaluation program ([`PopulationDecoder::decode_plain`]); `None`: `batch`.
+    /// Held-out sets are larger than a generation's prompts, and a greedy decode of the
+    /// unperturbed weights reads every weight once per token whatever its rows: more rows
+    /// per call is the evaluation's throughput ([`DecodeConfig::eval_rows_for`]).
+    pub eval_batch: Option<usize>,
 }
 
 impl DecodeConfig {
@@ -68,6 +73,30 @@ impl DecodeConfig {
             pad: 0,
             sampling: Sampling::Greedy,
             groups: 1,
+            eval_batch: None,
+        }
+    }
+
+    /// The rows an evaluation of `count` prompts should compile for: every prompt in one
+    /// call while one call's memory (`bytes_of(rows)`, e.g. the decoder's
+    /// [`Decoder::member_bytes`] at those rows) stays within [`shardes_hlo::es::BATCH_BYTES`],
+    /// else the fewest equal calls that fit (at least one row).
+    pub fn eval_rows_for(count: usize, bytes_of: impl Fn(usize) -> Option<usize>) -> usize {
+        let count = count.max(1);
+        let fits = |rows: usize| bytes_of(rows).is_none_or(|b| b <= shardes_hlo::es::BATCH_BYTES);
+        let calls = (1..=count)
+            .find(|&calls| fits(count.div_ceil(calls)))
+            .unwrap_or(count);
+        count.div_ceil(calls)
+    }
+
+    /// The evaluation program's config: greedy, [`DecodeConfig::eval_batch`] rows.
+    pub fn evaluation(&self) -> DecodeConfig {
+        DecodeConfig {
+            batch: self.eval_batch.unwrap_or(self.batch),
+            sampling: Sampling::Greedy,
+            groups: 1,
+            ..self.clone()
         }
     }
 
@@ -252,11 +281,7 @@ impl PopulationDecoder {
             es.lr(),
             devices,
         )?;
-        let eval = DecodeConfig {
-            sampling: Sampling::Greedy,
-            ..config.clone()
-        }
-        .spec(decoder)?;
+        let eval = config.evaluation().spec(decoder)?;
         let plain_program = eval_es.plain_outputs_program(&eval, &leaf_infos(params))?;
         Ok(PopulationDecoder {
             runner,
@@ -269,8 +294,7 @@ impl PopulationDecoder {
 
     /// The compiled batch as program inputs: prompts right-padded with the pad id, rows
     /// past the last prompt one pad token long.
-    fn inputs(&self, prompts: &[Vec<u32>]) -> Result<Vec<HostArray>, Error> {
-        let c = &self.config;
+    fn inputs(&self, c: &DecodeConfig, prompts: &[Vec<u32>]) -> Result<Vec<HostArray>, Error> {
         if prompts.len() > c.batch {
             return Err(DecodeError::TooManyPrompts {
                 got: prompts.len(),
@@ -314,12 +338,11 @@ impl PopulationDecoder {
 
     /// The first `prompts` rows of each of `members` members' outputs as completions.
     fn completions(
-        &self,
+        c: &DecodeConfig,
         out: &[HostArray],
         members: usize,
         prompts: usize,
     ) -> Result<Decoded, Error> {
-        let c = &self.config;
         let (Some(tokens), Some(lengths)) = (out[0].as_i32(), out[1].as_i32()) else {
             return Err(Error::Invalid(
                 "the decode program returned no i32 tokens".into(),
@@ -354,16 +377,22 @@ impl PopulationDecoder {
     /// tokens, refused otherwise with a [`DecodeError`]): the members of
     /// [`PopulationDecoder::members`], in order.
     pub fn decode(&self, prompts: &[Vec<u32>]) -> Result<Decoded, Error> {
-        let inputs = self.inputs(prompts)?;
+        let inputs = self.inputs(&self.config, prompts)?;
         let out = self.runner.outputs(&inputs)?;
-        self.completions(&out, self.runner.members().len(), prompts.len())
+        Self::completions(
+            &self.config,
+            &out,
+            self.runner.members().len(),
+            prompts.len(),
+        )
     }
 
-    /// The unperturbed parameters' greedy completions of `prompts` (for evaluation), one
-    /// per prompt, trimmed like [`PopulationDecoder::decode`]'s. The first call compiles
-    /// the evaluation program.
+    /// The unperturbed parameters' greedy completions of `prompts` (for evaluation; at most
+    /// [`DecodeConfig::eval_batch`] of them), one per prompt, trimmed like
+    /// [`PopulationDecoder::decode`]'s. The first call compiles the evaluation program.
     pub fn decode_plain(&self, prompts: &[Vec<u32>]) -> Result<Vec<Vec<u32>>, Error> {
-        let inputs = self.inputs(prompts)?;
+        let eval = self.config.evaluation();
+        let inputs = self.inputs(&eval, prompts)?;
         let exe = match self.plain.get() {
             Some(exe) => exe,
             None => {
@@ -372,7 +401,7 @@ impl PopulationDecoder {
             }
         };
         let out = self.runner.run(exe, &self.plain_program.layout, &inputs)?;
-        let mut d = self.completions(&out, 1, prompts.len())?;
+        let mut d = Self::completions(&eval, &out, 1, prompts.len())?;
         Ok(d.tokens.swap_remove(0))
     }
 
@@ -427,5 +456,29 @@ impl PopulationDecoder {
     /// The runner underneath (outputs and tell over the device state).
     pub fn runner(&self) -> &OutputsRunner {
         &self.runner
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DecodeConfig;
+
+    #[test]
+    fn an_evaluation_takes_every_prompt_in_one_call_while_it_fits() {
+        let gib = 1usize << 30;
+        // Unknown size: one call.
+        assert_eq!(DecodeConfig::eval_rows_for(128, |_| None), 128);
+        // 1 MiB a row: 128 rows fit 4 GiB.
+        assert_eq!(DecodeConfig::eval_rows_for(128, |r| Some(r << 20)), 128);
+        // 64 MiB a row: 64 rows fit, so two equal calls of 64.
+        assert_eq!(DecodeConfig::eval_rows_for(128, |r| Some(r << 26)), 64);
+        // 5 GiB a row: even one row is over, so one row a call.
+        assert_eq!(DecodeConfig::eval_rows_for(3, |r| Some(r * 5 * gib)), 1);
+        // 100 prompts at 50 MiB a row: 81 rows fit, so 2 calls of 50.
+        assert_eq!(
+            DecodeConfig::eval_rows_for(100, |r| Some((r * 50) << 20)),
+            50
+        );
+        assert_eq!(DecodeConfig::eval_rows_for(0, |_| None), 1);
     }
 }

@@ -25,7 +25,7 @@ impl Sampler for PopulationDecoder {
 
     /// Any number of prompts, in batches of the compiled size.
     fn decode_plain(&mut self, prompts: &[Vec<u32>]) -> Result<Vec<Vec<u32>>, Error> {
-        let b = self.config().batch.max(1);
+        let b = self.config().evaluation().batch.max(1);
         let mut out = Vec::with_capacity(prompts.len());
         for chunk in prompts.chunks(b) {
             out.extend(PopulationDecoder::decode_plain(self, chunk)?);

@@ -27,7 +27,7 @@ use shardes::decode::{load_qwen2, LoadedQwen2};
 use shardes::hlo::builder::DType;
 use shardes::hlo::es::EsSpec;
 use shardes::hlo::prng::{bits, fold_in};
-use shardes::hlo::problems::qwen2::Qwen2Config;
+use shardes::hlo::problems::qwen2::{Layers, Qwen2Config};
 use shardes::runtime::Client;
 use shardes::Qwen2Weights;
 
@@ -54,7 +54,12 @@ fn one() -> usize {
 struct DecodeSection {
     size: Option<String>,
     checkpoint: Option<PathBuf>,
+    /// A named model (`shardes models`) or a path, as `problem.model`.
+    pretrained: Option<String>,
     model: Option<ModelDims>,
+    /// `loop` or `unrolled` (default), as `problem.layers`.
+    #[serde(default)]
+    layers: Option<String>,
     batch: usize,
     prompt_len: usize,
     max_new: usize,
@@ -107,14 +112,35 @@ fn model(d: &DecodeSection) -> Result<LoadedQwen2> {
     let source_err = |e: shardes::ProblemError| {
         config_error(format!("decode: {e}"), "fix the model source in [decode]")
     };
-    match (&d.size, &d.checkpoint, &d.model) {
-        (Some(size), None, None) => {
+    let layers = d
+        .layers
+        .as_deref()
+        .map_or(Ok(Layers::Unrolled), Layers::parse)
+        .map_err(|e| {
+            config_error(
+                format!("decode.layers: {e}"),
+                "use \"loop\" or \"unrolled\"",
+            )
+        })?;
+    let mut loaded = match (&d.size, &d.checkpoint, &d.pretrained, &d.model) {
+        (Some(size), None, None, None) => {
             load_qwen2(&Qwen2Weights::Random(size.clone()), dtype, d.seed).map_err(source_err)
         }
-        (None, Some(dir), None) => {
+        (None, Some(dir), None, None) => {
             load_qwen2(&Qwen2Weights::Checkpoint(dir.clone()), dtype, d.seed).map_err(source_err)
         }
-        (None, None, Some(m)) => {
+        (None, None, Some(name), None) => {
+            let source = shardes::models::resolve_model(name).map_err(|e| {
+                config_error(
+                    format!("decode.pretrained = \"{name}\": {e}"),
+                    "use a model name `shardes models` lists, a .gguf file or a Hugging Face \
+                     directory",
+                )
+            })?;
+            let weights = Qwen2Weights::Checkpoint(source.path().to_path_buf());
+            load_qwen2(&weights, dtype, d.seed).map_err(source_err)
+        }
+        (None, None, None, Some(m)) => {
             let config = Qwen2Config {
                 vocab_size: m.vocab_size,
                 hidden_size: m.hidden_size,
@@ -141,14 +167,18 @@ fn model(d: &DecodeSection) -> Result<LoadedQwen2> {
                 pad: None,
                 compute_dtype: dtype,
                 family: "qwen2",
-                layers: shardes::hlo::problems::qwen2::Layers::Unrolled,
+                layers,
             })
         }
         _ => Err(config_error(
-            "[decode] needs exactly one of size, checkpoint or a [decode.model] table".into(),
+            "[decode] needs exactly one of size, checkpoint, pretrained or a [decode.model] \
+             table"
+                .into(),
             "e.g. size = \"tiny\"",
         )),
-    }
+    }?;
+    loaded.layers = layers;
+    Ok(loaded)
 }
 
 /// Runs the decode benchmark of `args.config`.

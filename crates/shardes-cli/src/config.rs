@@ -367,6 +367,7 @@ pub(crate) const ES_KEYS: &[&str] = &[
     "sigma_leaves",
     "how_hosts",
     "compute_dtype",
+    "device_invariant",
 ];
 pub(crate) const RUN_KEYS: &[&str] = &[
     "seed",

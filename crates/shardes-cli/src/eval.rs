@@ -3,9 +3,10 @@
 //! JSONL file.
 //!
 //! The prompts are the task's first `--count` held-out prompts, decoded greedily with the
-//! run's decode geometry (`task.prompts` rows, `task.prompt_len`, `task.max_new_tokens`)
-//! on the config's devices: the same program as the run's own evaluation, so a score here
-//! equals the `eval.jsonl` line of the same parameters and count.
+//! run's decode geometry (`task.prompt_len`, `task.max_new_tokens`; all prompts in one call
+//! where the memory allows) on the config's devices: the same program as the run's own
+//! evaluation, so a score here equals the `eval.jsonl` line of the same parameters and
+//! count (`eval.prompts`).
 //!
 //! Standard errors are those of a mean over prompts (sample standard deviation over
 //! `√count`); the difference of `--compare` pairs the two models' rewards prompt by prompt
@@ -258,7 +259,8 @@ pub fn run(args: &EvalArgs) -> Result<()> {
         .iter()
         .map(|p| codec.encode(p))
         .collect::<Result<Vec<_>, _>>()?;
-    let dc = crate::run::reward::decode_config(&config, &task_cfg, &loaded)?;
+    let mut dc = crate::run::reward::decode_config(&config, &task_cfg, &loaded)?;
+    dc.eval_batch = Some(crate::run::reward::eval_rows(&loaded, &dc, ids.len()));
     if let Some((index, len)) = ids
         .iter()
         .enumerate()

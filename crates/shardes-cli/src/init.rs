@@ -281,6 +281,13 @@ fn doc(section: &str, key: &str, problem: &str) -> Option<(String, Option<String
              fitness and the update stay f32). Default: \"f32\".",
             "\"bf16\"",
         ),
+        ("es", "device_invariant") => e(
+            "Decode in member chunks that divide n / 8, so a reward run's completions are \
+             bit-identical on 1, 2, 4 and 8 devices (the fused programs always are). Costs \
+             decode throughput: by default all of a device's members decode as one batch. \
+             Default: false.",
+            "true",
+        ),
         ("run", "seed") => d("The run's PRNG key is key(seed); the parameters, the batch and the noise derive from it."),
         ("run", "generations") => d("Generations to run."),
         ("run", "out") => d(

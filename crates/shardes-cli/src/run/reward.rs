@@ -12,7 +12,7 @@ use shardes::distributed::Distributed;
 use shardes::finetune::{
     EvalRecord, EvalWriter, RewardLoop, RewardSettings, RewardTask, Sampler, TextCodec,
 };
-use shardes::hlo::decode::Sampling;
+use shardes::hlo::decode::{DecodeShape, Decoder, Sampling};
 use shardes::hlo::es::{How, ShapingSpec};
 use shardes::hlo::params::{Array, ParamTree};
 use shardes::{BuildTimes, DecodeConfig, PopulationDecoder};
@@ -220,6 +220,9 @@ pub(crate) fn decode_config(
             top_p: task.top_p() as f32,
         };
     }
+    if let Some(e) = &config.eval {
+        d.eval_batch = Some(eval_rows(loaded, &d, e.prompts));
+    }
     let grouped = config.es.shaping == ShapingSpec::GroupRelative;
     if grouped {
         d.groups = task.prompts();
@@ -238,6 +241,18 @@ pub(crate) fn decode_config(
         }
     }
     Ok(d)
+}
+
+/// The rows of the evaluation program for `count` held-out prompts of `d`'s geometry: all
+/// in one call where the memory allows ([`DecodeConfig::eval_rows_for`]).
+pub(crate) fn eval_rows(loaded: &LoadedQwen2, d: &DecodeConfig, count: usize) -> usize {
+    let decoder = loaded.decoder(d);
+    DecodeConfig::eval_rows_for(count, |rows| {
+        decoder.member_bytes(&DecodeShape {
+            batch: rows,
+            ..d.shape()
+        })
+    })
 }
 
 /// Builds the reward run of `s` (a config with a `[task]`) on its parameters (resumed

@@ -32,7 +32,9 @@ mod sample;
 pub use sample::Sampling;
 
 use crate::builder::{DType, TensorType, Value};
-use crate::es::{EsError, LayerLeaves, MemberInfo, MemberOutputs, ModelParams};
+use crate::es::{
+    ChunkPolicy, EsError, LayerLeaves, MemberInfo, MemberOutputs, ModelParams, BATCH_BYTES,
+};
 use crate::nn::Act;
 
 /// Where a decode step's token sits, for [`Decoder::step`].
@@ -88,8 +90,10 @@ pub trait Decoder {
         cache: Vec<Act>,
     ) -> Result<(Act, Vec<Act>), EsError>;
 
-    /// Bytes of one member's largest activation when decoding `shape`, if known (sizes
-    /// the member chunk).
+    /// Bytes one member holds while decoding `shape`, if known: its KV cache over every
+    /// layer and its largest activation. Sizes the member chunk
+    /// ([`crate::es::ChunkPolicy::Batch`]): as many members per chunk as fit
+    /// [`crate::es::BATCH_BYTES`].
     fn member_bytes(&self, shape: &DecodeShape) -> Option<usize> {
         let _ = shape;
         None
@@ -321,6 +325,11 @@ impl<D: Decoder> MemberOutputs for DecodeSpec<D> {
 
     fn member_bytes(&self) -> Option<usize> {
         self.decoder.member_bytes(&self.shape)
+    }
+
+    /// A chunk's members' rows are one batch through the weights: as many as fit.
+    fn chunk_policy(&self) -> ChunkPolicy {
+        ChunkPolicy::Batch { bytes: BATCH_BYTES }
     }
 
     fn layers(&self) -> Option<LayerLeaves> {

@@ -44,7 +44,8 @@ pub use coupling::{Coupling, COUPLING_NAMES};
 pub use error::EsError;
 pub use layout::{Layout, ProgramArgs, ProgramKind, ProgramResults, Slot, Stack};
 pub use model::{
-    check_model, leaf_infos, Access, Finding, LayerLeaves, LayerSource, Model, ModelParams,
+    check_model, leaf_infos, Access, ChunkPolicy, Finding, LayerLeaves, LayerSource, Model,
+    ModelParams,
 };
 pub use optimizer::{Optimizer, OptimizerKind, OptimizerName, OptimizerSpec, OPTIMIZER_NAMES};
 pub use outputs::{AsModel, MemberInfo, MemberOutputs, WithTasks, SAMPLE_TAG};
@@ -52,7 +53,8 @@ pub use precision::{ComputeDtype, COMPUTE_DTYPE_NAMES};
 pub use processes::{check_processes, Part};
 pub use program::Program;
 pub use settings::{
-    EsSpec, ShardedES, CHUNK_BYTES, DEFAULT_MEMBER_CHUNK, KEEP_NOISE_BYTES, TELL_CHUNK_BYTES,
+    EsSpec, ShardedES, BATCH_BYTES, CHUNK_BYTES, DEFAULT_MEMBER_CHUNK, KEEP_NOISE_BYTES,
+    TELL_CHUNK_BYTES,
 };
 pub use shaping::{Shaping, ShapingError, ShapingSpec, SHAPING_NAMES};
 pub use sigma::{LeafScale, LeafSigma, SigmaPatterns};

@@ -36,6 +36,11 @@ pub trait Model {
         None
     }
 
+    /// How the default member chunk is sized for this model ([`ChunkPolicy`]).
+    fn chunk_policy(&self) -> ChunkPolicy {
+        ChunkPolicy::Cache
+    }
+
     /// The model's repeated layers, when it reads them through
     /// [`ModelParams::layer_source`] inside a loop over the layer index. The ES programs
     /// then draw and scale a layer's noise inside that loop (and contract it in a loop of
@@ -44,6 +49,27 @@ pub trait Model {
     fn layers(&self) -> Option<LayerLeaves> {
         None
     }
+}
+
+/// How a model's default member chunk is sized (members evaluated together in one step of
+/// the member loop), unless the settings or the strategy choose one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChunkPolicy {
+    /// Chunks whose activations stay cache-sized ([`crate::es::CHUNK_BYTES`] per chunk with
+    /// [`Model::member_bytes`] the largest activation of a member) and that divide `n / 8`,
+    /// so every member is computed by the same kernel shapes on 1, 2, 4 and 8 devices: the
+    /// fused programs, whose work per member is small and whose bits must not depend on
+    /// the device count.
+    Cache,
+    /// Every local member in one chunk while the chunk's memory stays within `bytes`
+    /// ([`Model::member_bytes`] then a member's whole working set, e.g. its KV cache):
+    /// decoding, where a chunk's members' rows are one batch through the weights and more
+    /// rows per weight read is the throughput. Chunks divide `n / 8` only under
+    /// [`crate::es::ShardedES::with_device_invariant`].
+    Batch {
+        /// The memory one chunk may use.
+        bytes: usize,
+    },
 }
 
 /// A model's repeated layers: leaf `name` of layer `l` is `{prefix}{l}.{name}`, for `l` in

@@ -25,7 +25,7 @@ use crate::prng::emit::Keys;
 use super::error::{invalid, EsError};
 use super::generation::{directions, Emitter};
 use super::layout::{check_leaves, Layout, ProgramArgs, ProgramKind};
-use super::model::{LayerLeaves, Model, ModelParams};
+use super::model::{ChunkPolicy, LayerLeaves, Model, ModelParams};
 use super::processes::Part;
 use super::program::Program;
 use super::settings::ShardedES;
@@ -82,6 +82,11 @@ pub trait MemberOutputs {
         None
     }
 
+    /// How the default member chunk is sized, as [`Model::chunk_policy`].
+    fn chunk_policy(&self) -> ChunkPolicy {
+        ChunkPolicy::Cache
+    }
+
     /// Fitness columns per member that the paired tell program takes (1, or `g` groups for
     /// `group_relative`, e.g. one per prompt of a reward run), as [`Model::tasks`].
     fn tasks(&self) -> usize {
@@ -122,6 +127,10 @@ impl MemberOutputs for WithTasks<'_> {
         self.0.member_bytes()
     }
 
+    fn chunk_policy(&self) -> ChunkPolicy {
+        self.0.chunk_policy()
+    }
+
     fn tasks(&self) -> usize {
         self.1
     }
@@ -153,6 +162,10 @@ impl Model for AsModel<'_> {
 
     fn member_bytes(&self) -> Option<usize> {
         self.0.member_bytes()
+    }
+
+    fn chunk_policy(&self) -> ChunkPolicy {
+        self.0.chunk_policy()
     }
 
     fn tasks(&self) -> usize {

@@ -149,6 +149,7 @@ impl ShardedES {
             how: self.how,
             member_chunk: Some(self.member_chunk_for(model)?),
             member_bytes: self.member_bytes,
+            device_invariant: self.device_invariant,
             keep_noise_bytes: 0,
             // Never steps: the inference program has no tell.
             optimizer: Optimizer::sgd(),

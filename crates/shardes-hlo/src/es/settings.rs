@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::error::{invalid, EsError};
 use super::leaf_sigma::{LeafSettings, SigmaPatterns};
-use super::model::Model;
+use super::model::{ChunkPolicy, Model};
 use super::optimizer::{self, Optimizer, OptimizerSpec};
 use super::precision::ComputeDtype;
 use super::shaping::{Shaping, ShapingSpec};
@@ -24,6 +24,7 @@ pub struct ShardedES {
     pub(super) how: How,
     pub(super) member_chunk: Option<usize>,
     pub(super) member_bytes: Option<usize>,
+    pub(super) device_invariant: bool,
     pub(super) keep_noise_bytes: usize,
     pub(super) optimizer: Optimizer,
     pub(super) leaf_sigma: LeafSettings,
@@ -42,6 +43,7 @@ impl std::fmt::Debug for ShardedES {
             .field("how", &self.how)
             .field("member_chunk", &self.member_chunk)
             .field("member_bytes", &self.member_bytes)
+            .field("device_invariant", &self.device_invariant)
             .field("keep_noise_bytes", &self.keep_noise_bytes)
             .field("optimizer", &self.optimizer)
             .field("leaf_sigma", &self.leaf_sigma)
@@ -60,6 +62,13 @@ pub const DEFAULT_MEMBER_CHUNK: usize = 32;
 /// --member-chunk C` measured 78, 72, 66 and 68 ms per generation for C = 32, 16, 8 and 4 at
 /// 64 KiB per member.
 pub const CHUNK_BYTES: usize = 512 * 1024;
+
+/// The memory one member chunk of a [`ChunkPolicy::Batch`] model (a decode) may use: its
+/// members' KV caches and activations. 4 GiB keeps a chunk well inside a CPU host's or an
+/// accelerator's memory while holding every member of the decodes measured in
+/// `docs/performance.md` in one batch (SmolLM2-135M, 32 members × 4 prompts × 152 slots:
+/// 1.0 GiB).
+pub const BATCH_BYTES: usize = 4 << 30;
 
 /// The noise bytes `tell` regenerates per loop step ([`ShardedES::tell_chunk`]): small
 /// enough that the draw's arrays stay in cache. `shardes bench benches/eggroll_n16384.toml
@@ -107,6 +116,7 @@ impl ShardedES {
             how: How::default(),
             member_chunk: None,
             member_bytes: None,
+            device_invariant: false,
             keep_noise_bytes: KEEP_NOISE_BYTES,
             optimizer: Optimizer::sgd(),
             leaf_sigma: LeafSettings::default(),
@@ -158,6 +168,23 @@ impl ShardedES {
     pub fn with_member_chunk(mut self, chunk: Option<usize>) -> Self {
         self.member_chunk = chunk;
         self
+    }
+
+    /// Keeps the default chunk of a [`ChunkPolicy::Batch`] model (a decode) a divisor of
+    /// `n / 8`, as the fused programs' always is, so each member's outputs are computed by
+    /// the same kernel shapes, and so are bit-identical, on 1, 2, 4 and 8 devices. Off by
+    /// default: a decode then puts all of a device's members in one batch (within
+    /// [`BATCH_BYTES`]), which is its throughput; on one device with `n = 16` the
+    /// invariant chunk is 2 members, 8 times the steps.
+    pub fn with_device_invariant(mut self, on: bool) -> Self {
+        self.device_invariant = on;
+        self
+    }
+
+    /// Whether default chunks of batch-policy models divide `n / 8`
+    /// ([`ShardedES::with_device_invariant`]).
+    pub fn device_invariant(&self) -> bool {
+        self.device_invariant
     }
 
     /// Sets the bytes of one member's largest activation, which caps the default member
@@ -218,7 +245,7 @@ impl ShardedES {
     /// [`ShardedES::with_member_bytes`]; [`ShardedES::member_chunk_for`] is what the
     /// programs for a model use.
     pub fn member_chunk(&self) -> Result<usize, EsError> {
-        self.chunk_with(self.member_bytes)
+        self.chunk_with(self.member_bytes, ChunkPolicy::Cache)
     }
 
     /// The member chunk of the programs built for `model`: as [`ShardedES::member_chunk`],
@@ -228,16 +255,24 @@ impl ShardedES {
         self.chunk_with(
             self.member_bytes
                 .or(model.member_bytes().filter(|&b| b > 0)),
+            model.chunk_policy(),
         )
     }
 
-    fn chunk_with(&self, member_bytes: Option<usize>) -> Result<usize, EsError> {
+    fn chunk_with(
+        &self,
+        member_bytes: Option<usize>,
+        policy: ChunkPolicy,
+    ) -> Result<usize, EsError> {
         let local = self.n / self.devices;
         let p = self.strategy.pairing();
         let c = self
             .member_chunk
             .or(self.strategy.chunk())
-            .unwrap_or_else(|| self.default_chunk_with(member_bytes));
+            .unwrap_or_else(|| match policy {
+                ChunkPolicy::Cache => self.default_chunk_with(member_bytes),
+                ChunkPolicy::Batch { bytes } => self.batch_chunk_with(member_bytes, bytes),
+            });
         if c == 0 || !c.is_multiple_of(p) || !local.is_multiple_of(c) {
             return Err(invalid(
                 format!(
@@ -278,6 +313,28 @@ impl ShardedES {
             Some(b) => DEFAULT_MEMBER_CHUNK.min((CHUNK_BYTES / b).max(2 * p)),
             None => DEFAULT_MEMBER_CHUNK,
         };
+        (1..=cap.min(base))
+            .rev()
+            .find(|c| base.is_multiple_of(*c) && c.is_multiple_of(p))
+            .unwrap_or(p)
+    }
+
+    /// The default chunk of a [`ChunkPolicy::Batch`] model: the largest multiple of the
+    /// pairing that divides the local population (and `n / 8` under
+    /// [`ShardedES::with_device_invariant`]) whose members fit `budget` bytes at
+    /// `member_bytes` each (unbounded when the size is unknown).
+    fn batch_chunk_with(&self, member_bytes: Option<usize>, budget: usize) -> usize {
+        let local = self.n / self.devices;
+        let p = self.strategy.pairing().max(1);
+        let base = if self.device_invariant
+            && self.n.is_multiple_of(8)
+            && (self.n / 8).is_multiple_of(p)
+        {
+            gcd(local, self.n / 8)
+        } else {
+            local
+        };
+        let cap = member_bytes.map_or(usize::MAX, |b| (budget / b.max(1)).max(p));
         (1..=cap.min(base))
             .rev()
             .find(|c| base.is_multiple_of(*c) && c.is_multiple_of(p))
@@ -579,6 +636,11 @@ pub struct EsSpec {
     /// their hash).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compute_dtype: Option<ComputeDtype>,
+    /// Decode in member chunks that divide `n / 8`, so completions are bit-identical on 1,
+    /// 2, 4 and 8 devices, at a cost in throughput ([`ShardedES::with_device_invariant`];
+    /// default off, left out when off).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub device_invariant: bool,
 }
 
 fn default_strategy() -> StrategySpec {
@@ -603,6 +665,7 @@ impl EsSpec {
             sigma_leaves: SigmaPatterns::default(),
             how_hosts: None,
             compute_dtype: None,
+            device_invariant: false,
         }
     }
 
@@ -647,6 +710,7 @@ impl EsSpec {
             how: self.how,
             member_chunk: self.member_chunk,
             member_bytes: None,
+            device_invariant: self.device_invariant,
             keep_noise_bytes: self.keep_noise_bytes(),
             optimizer,
             leaf_sigma: self.leaf_settings()?,

@@ -215,8 +215,8 @@ fn suggested_populations_are_two_distinct_multiples() {
     assert_eq!(fix, "set es.n to a multiple of 4, e.g. 4 or 8");
 }
 
-/// A model that only reports its member size.
-struct Sized(Option<usize>);
+/// A model that only reports its member size (and how its chunk is sized).
+struct Sized(Option<usize>, crate::es::ChunkPolicy);
 
 impl Model for Sized {
     fn batch_types(&self) -> Vec<(String, crate::builder::TensorType)> {
@@ -234,17 +234,31 @@ impl Model for Sized {
     fn member_bytes(&self) -> Option<usize> {
         self.0
     }
+
+    fn chunk_policy(&self) -> crate::es::ChunkPolicy {
+        self.1
+    }
+}
+
+/// A fused-program model of `bytes` of activation per member.
+fn cached(bytes: Option<usize>) -> Sized {
+    Sized(bytes, crate::es::ChunkPolicy::Cache)
+}
+
+/// A decode-like model: `bytes` of working set per member, chunks within `budget`.
+fn batched(bytes: usize, budget: usize) -> Sized {
+    Sized(Some(bytes), crate::es::ChunkPolicy::Batch { bytes: budget })
 }
 
 #[test]
 fn programs_take_the_member_size_from_the_model_unless_one_is_set() {
     let es = || EsSpec::new(256, 0.1, 0.1).build(8).unwrap();
-    let quickstart = Sized(Some(64 * 1024));
+    let quickstart = cached(Some(64 * 1024));
     // No size set: the model's (8 members of 64 KiB fill CHUNK_BYTES).
     assert_eq!(es().member_chunk().unwrap(), DEFAULT_MEMBER_CHUNK);
     assert_eq!(es().member_chunk_for(&quickstart).unwrap(), 8);
-    assert_eq!(es().member_chunk_for(&Sized(None)).unwrap(), 32);
-    assert_eq!(es().member_chunk_for(&Sized(Some(0))).unwrap(), 32);
+    assert_eq!(es().member_chunk_for(&cached(None)).unwrap(), 32);
+    assert_eq!(es().member_chunk_for(&cached(Some(0))).unwrap(), 32);
     // A size set on the ES wins over the model's.
     let set = es().with_member_bytes(Some(CHUNK_BYTES * 4));
     assert_eq!(set.member_chunk_for(&quickstart).unwrap(), 4);
@@ -263,4 +277,38 @@ fn programs_take_the_member_size_from_the_model_unless_one_is_set() {
     assert_eq!(dense.tell_chunk_after(&leaves, 64, Some(32)), 32);
     assert_eq!(dense.tell_chunk_after(&leaves, 64, None), 1);
     assert_eq!(dense.tell_chunk(&leaves, 64), 32);
+}
+
+#[test]
+fn a_batched_model_takes_every_local_member_that_fits_its_memory() {
+    let es = |n: usize, devices: usize| EsSpec::new(n, 0.1, 0.1).build(devices).unwrap();
+    // n = 16 on one device: all 16 members in one chunk (the cache policy gives 2, n / 8).
+    assert_eq!(es(16, 1).member_chunk_for(&cached(Some(1024))).unwrap(), 2);
+    assert_eq!(
+        es(16, 1).member_chunk_for(&batched(1024, 1 << 30)).unwrap(),
+        16
+    );
+    // On 8 devices each holds 2.
+    assert_eq!(
+        es(16, 8).member_chunk_for(&batched(1024, 1 << 30)).unwrap(),
+        2
+    );
+    // Memory decides: 5 members of 100 fit 512, so the largest mirrored divisor of 16
+    // within it, 4.
+    assert_eq!(es(16, 1).member_chunk_for(&batched(100, 512)).unwrap(), 4);
+    // Never below the pairing, even when one member alone is over the budget.
+    assert_eq!(es(16, 1).member_chunk_for(&batched(1000, 512)).unwrap(), 2);
+    // Device invariant: a divisor of n / 8 again, the same chunk on 1 and 8 devices.
+    let inv = |devices: usize| es(16, devices).with_device_invariant(true);
+    assert_eq!(inv(1).member_chunk_for(&batched(1024, 1 << 30)).unwrap(), 2);
+    assert_eq!(inv(8).member_chunk_for(&batched(1024, 1 << 30)).unwrap(), 2);
+    // A chunk that is set wins.
+    let mut set = EsSpec::new(16, 0.1, 0.1);
+    set.member_chunk = Some(8);
+    let set = set.build(1).unwrap();
+    assert_eq!(set.member_chunk_for(&batched(1024, 1 << 30)).unwrap(), 8);
+    // The config key reaches the ES.
+    let mut spec = EsSpec::new(16, 0.1, 0.1);
+    spec.device_invariant = true;
+    assert!(spec.build(1).unwrap().device_invariant());
 }

@@ -397,27 +397,28 @@ impl Decoder for Qwen2 {
         ))
     }
 
-    /// The largest of: the prefill's widest activation (`B × P × max(d, I, V)` at 4
-    /// bytes) and one layer's keys or values (`B × KV × S × hd` in the compute dtype).
+    /// The KV cache of every layer (`2 × L × B × KV × S × hd` in the compute dtype) plus
+    /// the widest activation: the prefill's `B × P × max(d, I)` or the logits' `B × V`,
+    /// at 4 bytes.
     fn member_bytes(&self, shape: &DecodeShape) -> Option<usize> {
         let c = &self.config;
-        let width = c.hidden_size.max(c.intermediate_size).max(c.vocab_size);
-        let act = shape
-            .batch
+        let b = shape.batch;
+        let act = b
             .saturating_mul(shape.prompt_len)
-            .saturating_mul(width)
+            .saturating_mul(c.hidden_size.max(c.intermediate_size))
+            .max(b.saturating_mul(c.vocab_size))
             .saturating_mul(4);
         let bytes = if self.compute_dtype == DType::BF16 {
             2
         } else {
             4
         };
-        let kv = shape
-            .batch
+        let kv = b
+            .saturating_mul(2 * c.num_hidden_layers)
             .saturating_mul(c.num_key_value_heads)
             .saturating_mul(shape.slots())
             .saturating_mul(c.head_dim())
             .saturating_mul(bytes);
-        Some(act.max(kv))
+        Some(kv.saturating_add(act))
     }
 }
