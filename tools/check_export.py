@@ -56,6 +56,15 @@ def ok(msg):
     print(f"ok: {msg}")
 
 
+def response_prefix(args):
+    """The config's task.response_prefix ('' without a config or a prefix)."""
+    if not getattr(args, "config", None):
+        return ""
+    import tomllib
+    with open(args.config, "rb") as f:
+        return tomllib.load(f).get("task", {}).get("response_prefix", "")
+
+
 def shardes_generate(args):
     cmd = [args.shardes, "generate", args.config, "--prompt", args.prompt,
            "--max-new-tokens", str(args.max_new_tokens)]
@@ -117,7 +126,12 @@ def check_hf(args, expected):
     print(f"  shardes:      {expected['tokens']} tokens -> {expected['completion']!r}")
     # shardes counts the EOS that ended a completion; transformers' ids stop before it.
     count = cut + (1 if cut < len(new) else 0)
-    if text == expected["completion"] and count == expected["tokens"]:
+    # With task.response_prefix the rendered prompt ends with the prefix, and shardes
+    # prints the completion as the reward reads it: prefix + generated text.
+    prefix = response_prefix(args)
+    if prefix:
+        print(f"  (task.response_prefix {prefix!r} starts shardes' printed completion)")
+    if prefix + text == expected["completion"] and count == expected["tokens"]:
         ok("transformers' greedy tokens equal shardes generate's")
     else:
         fail("transformers' greedy completion differs from shardes generate's")
