@@ -854,3 +854,97 @@ fn a_mujoco_run_on_two_processes_matches_one() {
         }
     }
 }
+
+/// A Countdown run of the tiny random Qwen2 (the countdown tokenizer) rewarded by the test
+/// reward program, which logs each request's member into `log` per process.
+fn reward_command_config(out: &Path, devices: usize, log: &Path) -> String {
+    let fixture = repo().join("tests/fixtures/reward/fixture.py");
+    let tokenizer = repo().join("examples/countdown_tokenizer.json");
+    format!(
+        r#"devices = {devices}
+[problem]
+name = "qwen2"
+size = "tiny"
+tokenizer = "{}"
+[es]
+strategy = "mirrored(lowrank(r=1))"
+n = 16
+sigma = 0.05
+lr = 0.05
+shaping = "centered_ranks"
+how = "B"
+[task]
+name = "countdown"
+style = "compact"
+prompts = 2
+prompt_len = 24
+max_new_tokens = 6
+max_number = 20
+[task.reward]
+command = ["python3", "{}", "logged", "{}"]
+[run]
+seed = 0
+generations = 2
+out = "{}"
+checkpoint_every = 2
+"#,
+        tokenizer.display(),
+        fixture.display(),
+        log.display(),
+        out.display()
+    )
+}
+
+#[test]
+fn under_mpirun_each_process_scores_its_own_members_with_its_own_reward_program() {
+    // One reward program per process, each fed only its process's members (global ids):
+    // 2 × 4 devices split the 16 members 0..8 and 8..16, and the rewards gathered in
+    // member order give 1 × 8's metrics and parameters exactly.
+    let dir = tempfile::tempdir().unwrap();
+    let (log_one, log_two) = (dir.path().join("log1"), dir.path().join("log2"));
+    std::fs::create_dir_all(&log_one).unwrap();
+    std::fs::create_dir_all(&log_two).unwrap();
+    let one = dir.path().join("one");
+    run(
+        1,
+        &write(
+            dir.path(),
+            "one.toml",
+            &reward_command_config(&one, 8, &log_one),
+        ),
+        &[],
+    );
+    let two = dir.path().join("two");
+    run(
+        2,
+        &write(
+            dir.path(),
+            "two.toml",
+            &reward_command_config(&two, 4, &log_two),
+        ),
+        &[],
+    );
+    assert_eq!(reward_metrics(&two), reward_metrics(&one));
+    assert_eq!(trajectory(&two).1, trajectory(&one).1);
+    let members = |log: &Path| -> Vec<std::collections::BTreeSet<u64>> {
+        let mut per: Vec<_> = std::fs::read_dir(log)
+            .unwrap()
+            .map(|e| {
+                std::fs::read_to_string(e.unwrap().path())
+                    .unwrap()
+                    .lines()
+                    .map(|l| l.parse::<u64>().unwrap())
+                    .collect::<std::collections::BTreeSet<u64>>()
+            })
+            .collect();
+        per.sort();
+        per
+    };
+    let all: std::collections::BTreeSet<u64> = (0..16).collect();
+    assert_eq!(members(&log_one), vec![all]);
+    assert_eq!(
+        members(&log_two),
+        vec![(0..8).collect(), (8..16).collect()],
+        "each process's program scores its own members"
+    );
+}
