@@ -1,7 +1,9 @@
 //! Reward fine-tuning from the CLI (`[task]`, `[eval]`), through the real plugin: a tiny
 //! random Qwen2 learns a reward, a killed sampled run resumes bit for bit (parameters,
 //! metrics, eval lines), the Countdown example runs end to end, and bad task input is a
-//! clear error.
+//! clear error; `shardes eval` reproduces the run's evaluations; a reward program
+//! (`reward_command`) and `shardes export` (`export`) end to end. One test binary: each
+//! binary links the whole CLI.
 
 mod common;
 
@@ -448,4 +450,352 @@ fn a_looped_reward_run_checkpoints_per_layer_and_resumes_bit_for_bit() {
         "parameters differ after the resume from generation {at}"
     );
     assert_eq!(extras(&whole).len(), extras(&cut).len());
+}
+
+mod reward_command {
+    //! `[task.reward]` from the command line: the shipped `examples/jsonl_reward.toml` runs with
+    //! a reward program whose rewards are checked exactly (a fixture program hashes each
+    //! completion's text, which the eval log shows), and a program that keeps dying stops the
+    //! run (exit 1) with its stderr in the message, leaving a checkpoint that resumes.
+
+    use std::path::{Path, PathBuf};
+    use std::process::Output;
+
+    use super::common::*;
+    use sha2::{Digest, Sha256};
+
+    fn fixture() -> PathBuf {
+        repo().join("tests/fixtures/reward/fixture.py")
+    }
+
+    /// The shipped example with `generations`, a checkpoint every generation, `out`, and
+    /// `command` as the reward program.
+    fn config(
+        dir: &Path,
+        out: &Path,
+        generations: usize,
+        command: &[String],
+        restarts: u32,
+    ) -> PathBuf {
+        let text = std::fs::read_to_string(repo().join("examples/jsonl_reward.toml")).unwrap();
+        let cmd = serde_json::to_string(command).unwrap();
+        let text = text
+            .replace("generations = 10", &format!("generations = {generations}"))
+            .replace("checkpoint_every = 5", "checkpoint_every = 1")
+            .replace("\"runs/jsonl_reward\"", &format!("\"{}\"", out.display()))
+            .replace("[\"python3\", \"examples/reward.py\"]", &cmd)
+            .replace("restarts = 3", &format!("restarts = {restarts}"));
+        assert!(text.contains(&cmd), "the example's command line changed");
+        write(dir, "reward.toml", &text)
+    }
+
+    fn run(cfg: &Path, resume: bool) -> Output {
+        let mut c = bin();
+        c.current_dir(repo()).args(["run", cfg.to_str().unwrap()]);
+        if resume {
+            c.arg("--resume");
+        }
+        c.output().unwrap()
+    }
+
+    fn hashed(text: &str) -> f64 {
+        let d = Sha256::digest(text.as_bytes());
+        let hex: String = d.iter().map(|b| format!("{b:02x}")).collect();
+        f64::from(u32::from_str_radix(&hex[..5], 16).unwrap())
+    }
+
+    fn lines(path: &Path) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(path)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    fn python(args: &[&str]) -> Vec<String> {
+        let mut v = vec!["python3".to_string(), fixture().display().to_string()];
+        v.extend(args.iter().map(|s| s.to_string()));
+        v
+    }
+
+    /// The shipped example as it is (examples/reward.py), shortened to 2 generations: finite
+    /// rewards, nothing contained. (The default tier checks examples/reward.py against the
+    /// built-in reward in tests/reward_command.rs and runs this config with another program.)
+    #[test]
+    #[ignore = "slow: a second run of the tiny model; the default tier runs the same config"]
+    fn slow_the_shipped_reward_example_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("example");
+        let text = std::fs::read_to_string(repo().join("examples/jsonl_reward.toml"))
+            .unwrap()
+            .replace("generations = 10", "generations = 2")
+            .replace("\"runs/jsonl_reward\"", &format!("\"{}\"", out.display()));
+        let cfg = write(dir.path(), "example.toml", &text);
+        exited(&run(&cfg, false), 0);
+        for m in lines(&out.join("metrics.jsonl")) {
+            let r = m["extra"]["reward"].as_f64().unwrap();
+            assert!(
+                r.is_finite() && m["extra"].get("contained").is_none(),
+                "{m}"
+            );
+        }
+    }
+
+    /// A program whose reward is a hash of the completion: the eval samples (the unperturbed
+    /// parameters' completions) carry exactly that, and the training rewards are large, never
+    /// contained.
+    #[test]
+    fn the_example_runs_with_a_reward_program_and_its_rewards_are_exact() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("hash");
+        let cfg = config(dir.path(), &out, 2, &python(&["hash"]), 0);
+        exited(&run(&cfg, false), 0);
+        let evals = lines(&out.join("eval.jsonl"));
+        assert_eq!(evals.len(), 2);
+        for e in &evals {
+            assert_eq!(e["contained"], 0);
+            for s in e["samples"].as_array().unwrap() {
+                let text = s["completion"].as_str().unwrap();
+                assert_eq!(s["reward"].as_f64().unwrap(), hashed(text), "{s}");
+            }
+        }
+        for m in lines(&out.join("metrics.jsonl")) {
+            assert!(m["extra"]["reward"].as_f64().unwrap() > 1.0, "{m}");
+            assert!(m["extra"].get("contained").is_none(), "{m}");
+        }
+    }
+
+    #[test]
+    fn a_reward_program_that_keeps_dying_stops_the_run_and_the_checkpoint_resumes() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        let counter = dir.path().join("count");
+        // n = 16 members × 2 prompts = 32 requests a generation, and 1 held-out prompt at
+        // generation 0: generations 0 and 1 are scored, generation 2's program dies, its
+        // restart dies too (generation 2 is contained), and generation 3 needs a second
+        // restart that restarts = 1 does not allow.
+        let limit = (1 + 2 * 32).to_string();
+        let cmd = python(&["dies_after", &limit, counter.to_str().unwrap()]);
+        let cfg = config(dir.path(), &out, 6, &cmd, 1);
+        let (_, stderr) = exited(&run(&cfg, false), 1);
+        assert!(
+            stderr.contains("giving up after 65 requests")
+                && stderr.contains("task.reward.restarts"),
+            "{stderr}"
+        );
+        assert!(stderr.contains("running generation 3"), "{stderr}");
+        let m = lines(&out.join("metrics.jsonl"));
+        assert_eq!(m.len(), 3);
+        assert_eq!(m[2]["extra"]["contained"].as_f64(), Some(32.0));
+        assert_eq!(state(&out)["generation"], 3);
+
+        // The checkpoint resumes once the program works again (its count starts over; the
+        // same command, since the reward is part of the trajectory's config).
+        std::fs::remove_file(&counter).unwrap();
+        let cfg = config(dir.path(), &out, 4, &cmd, 1);
+        exited(&run(&cfg, true), 0);
+        assert_eq!(state(&out)["generation"], 4);
+    }
+
+    #[test]
+    fn a_missing_reward_program_is_a_config_error_naming_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        let cfg = config(dir.path(), &out, 1, &["/no/such/reward".to_string()], 0);
+        let (_, stderr) = exited(&run(&cfg, false), 2);
+        assert!(
+            stderr.contains("task.reward.command") && stderr.contains("/no/such/reward"),
+            "{stderr}"
+        );
+        let o = bin()
+            .current_dir(repo())
+            .args(["check", cfg.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(!o.status.success());
+    }
+}
+
+mod export {
+    //! `shardes export` end to end: a two-generation run of the tiny Qwen2 checkpoint exported
+    //! as a Hugging Face directory and a GGUF file, each loading back to the run's parameters
+    //! (bit for bit in f32; Q8_0 within a step of its block), and every refusal with its hint.
+
+    use std::path::{Path, PathBuf};
+
+    use super::common::*;
+
+    const DATA: &str = r#"{"prompt": "low rank noise", "target": "is never"}
+    "#;
+
+    /// A config of a 2-generation loss run on the tiny Qwen2 checkpoint, and its run directory
+    /// (run once).
+    fn run(dir: &Path) -> (PathBuf, PathBuf) {
+        let data = write(dir, "d.jsonl", DATA);
+        let out = dir.join("run");
+        let text = format!(
+            r#"devices = 1
+    [problem]
+    name = "qwen2"
+    checkpoint = "{}"
+    data = "{}"
+    [es]
+    strategy = "mirrored(lowrank(r=1))"
+    n = 4
+    sigma = 0.01
+    lr = 0.01
+    [run]
+    generations = 2
+    out = "{}"
+    "#,
+            repo().join("tests/fixtures/qwen2_tiny").display(),
+            data.display(),
+            out.display()
+        );
+        let config = write(dir, "q.toml", &text);
+        exited(&shardes(&["run", config.to_str().unwrap()]), 0);
+        (config, out)
+    }
+
+    fn s(p: &Path) -> &str {
+        p.to_str().unwrap()
+    }
+
+    #[test]
+    fn a_run_exports_to_both_formats_and_loads_back() {
+        let d = tempfile::tempdir().unwrap();
+        let (config, out) = run(d.path());
+        let hf = d.path().join("hf");
+        let gguf = d.path().join("m.gguf");
+        let o = shardes(&["export", s(&out), "--hf", s(&hf), "--gguf", s(&gguf)]);
+        let (stdout, _) = exited(&o, 0);
+        assert!(stdout.contains("26 tensors"), "{stdout}");
+        assert!(
+            stdout.contains(&format!("wrote {} (Hugging Face directory)", hf.display())),
+            "{stdout}"
+        );
+        assert!(
+            stdout.contains("model.safetensors") && stdout.contains("bytes"),
+            "{stdout}"
+        );
+        assert!(
+            stdout.contains(&format!("wrote {} (GGUF file)", gguf.display())),
+            "{stdout}"
+        );
+
+        let trained = shardes::io::read_params_inferred(out.join("params.safetensors")).unwrap();
+        let (_, fixture) =
+            shardes::pretrained::load(&repo().join("tests/fixtures/qwen2_tiny")).unwrap();
+        for path in [&hf, &gguf] {
+            let (info, back) = shardes::pretrained::load(path).unwrap();
+            assert_eq!(info.family, "qwen2");
+            for (name, a) in back.leaves() {
+                let want = trained.get(&name).unwrap();
+                assert_eq!(a.data(), want.data(), "{}: {name}", path.display());
+            }
+            // The run moved the weights: the export is not the starting checkpoint.
+            assert!(back
+                .leaves()
+                .iter()
+                .zip(fixture.leaves())
+                .any(|((_, a), (_, b))| a.data() != b.data()));
+        }
+
+        // Again without --force: refused, nothing changed; with it, replaced (bf16, Q8_0).
+        refused(
+            &["export", s(&out), "--hf", s(&hf)],
+            "already exists",
+            "--force",
+        );
+        refused(
+            &["export", s(&out), "--gguf", s(&gguf)],
+            "already exists",
+            "--force",
+        );
+        let o = shardes(&[
+            "export",
+            s(&out),
+            "--hf",
+            s(&hf),
+            "--dtype",
+            "bf16",
+            "--gguf",
+            s(&gguf),
+            "--gguf-type",
+            "Q8_0",
+            "--force",
+        ]);
+        let (stdout, _) = exited(&o, 0);
+        assert!(
+            stdout.contains("bf16") && stdout.contains("Q8_0"),
+            "{stdout}"
+        );
+        let f = shardes::gguf::GgufFile::open(&gguf).unwrap();
+        assert_eq!(f.get_u64("general.file_type").unwrap(), 7);
+
+        // A config file with --params is the same export.
+        let other = d.path().join("again.gguf");
+        let o = shardes(&[
+            "export",
+            s(&config),
+            "--params",
+            s(&out.join("params.safetensors")),
+            "--gguf",
+            s(&other),
+        ]);
+        exited(&o, 0);
+        let (_, back) = shardes::pretrained::load(&other).unwrap();
+        assert_eq!(
+            back.get("model.norm.weight").unwrap().data(),
+            trained.get("model.norm.weight").unwrap().data()
+        );
+    }
+
+    #[test]
+    fn bad_exports_are_refused_with_a_hint() {
+        let d = tempfile::tempdir().unwrap();
+        let (config, out) = run(d.path());
+        let target = d.path().join("x.gguf");
+        refused(
+            &["export", s(&out)],
+            "neither --hf nor --gguf",
+            "--hf OUT_DIR",
+        );
+        refused(
+            &["export", s(&config), "--gguf", s(&target)],
+            "export needs the parameters",
+            "--params",
+        );
+        refused(
+            &["export", s(d.path()), "--gguf", s(&target)],
+            "no config.toml",
+            "shardes run",
+        );
+        let file = write(d.path(), "a_file", "x");
+        refused(
+            &["export", s(&out), "--gguf", s(&file.join("m.gguf"))],
+            "is a file, not a directory",
+            "directory you can write to",
+        );
+        // Parameters of another model name the tensor that does not fit.
+        let llama = repo().join("tests/fixtures/llama_tiny/model.safetensors");
+        refused(
+            &[
+                "export",
+                s(&out),
+                "--params",
+                s(&llama),
+                "--gguf",
+                s(&target),
+            ],
+            "lm_head.weight",
+            "--params",
+        );
+        refused(
+            &["export", s(&out), "--gguf", s(&target), "--hf", s(&target)],
+            "both name",
+            "different paths",
+        );
+        assert!(!target.exists());
+    }
 }
