@@ -1,7 +1,9 @@
 //! Decoding under every member's perturbation (`DecodeSpec` over `Qwen2` in the outputs
 //! program): the tokens member `i` decodes equal the tokens `Qwen2::greedy_program` decodes
 //! from member `i`'s perturbation materialized on the host, for low rank (r = 1, 2,
-//! mirrored and not) and seed_regenerated; identical on 1 and 8 devices.
+//! mirrored and not) and seed_regenerated, with the layers unrolled and, for low rank, as
+//! a loop (`Layers::Loop`: the layers' noise drawn in a loop over the layer index once per
+//! chunk); identical on 1 and 8 devices.
 //!
 //! Tolerances: tokens exactly equal, on prompts whose smallest top-1/top-2 logit gap along
 //! the oracle's decode is above `MIN_GAP` (checked; a member with a nearer tie is skipped,
@@ -16,7 +18,7 @@ use shardes::hlo::es::strategy::from_spec;
 use shardes::hlo::es::ShardedES;
 use shardes::hlo::params::ParamTree;
 use shardes::hlo::prng::{fold_in, key, Key};
-use shardes::hlo::problems::qwen2::{Qwen2, Qwen2Config};
+use shardes::hlo::problems::qwen2::{Layers, Qwen2, Qwen2Config};
 use shardes::runtime::Client;
 use shardes::{HostArray, OutputsRunner};
 use support::decode::{member_params, Greedy};
@@ -58,9 +60,11 @@ fn es(strategy: &str, devices: usize) -> ShardedES {
     .with_device_invariant(true)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn decode(
     client: &Client,
     strategy: &str,
+    layers: Layers,
     devices: usize,
     (cfg, tree): (&Qwen2Config, &ParamTree),
     k: Key,
@@ -68,7 +72,7 @@ fn decode(
     ids: &[i32],
 ) -> Vec<i32> {
     let spec = DecodeSpec::new(
-        Qwen2::new(cfg.clone(), B, P),
+        Qwen2::new(cfg.clone(), B, P).with_layers(layers),
         DecodeShape {
             batch: B,
             prompt_len: P,
@@ -110,14 +114,41 @@ fn each_member_decodes_what_its_materialized_perturbation_decodes() {
     let k = key(21).unwrap();
     let generation = 3;
     let base = base_key(k, generation);
-    for (strategy, inner, mirrored) in [
-        ("lowrank(r=1)", Inner::LowRank(1), false),
-        ("mirrored(lowrank(r=1))", Inner::LowRank(1), true),
-        ("lowrank(r=2)", Inner::LowRank(2), false),
-        ("mirrored(lowrank(r=2))", Inner::LowRank(2), true),
-        ("seed_regenerated", Inner::FullRank, false),
+    for (strategy, inner, mirrored, layers) in [
+        ("lowrank(r=1)", Inner::LowRank(1), false, Layers::Unrolled),
+        (
+            "mirrored(lowrank(r=1))",
+            Inner::LowRank(1),
+            true,
+            Layers::Unrolled,
+        ),
+        ("lowrank(r=2)", Inner::LowRank(2), false, Layers::Unrolled),
+        (
+            "mirrored(lowrank(r=2))",
+            Inner::LowRank(2),
+            true,
+            Layers::Unrolled,
+        ),
+        ("seed_regenerated", Inner::FullRank, false, Layers::Unrolled),
+        (
+            "mirrored(lowrank(r=1))",
+            Inner::LowRank(1),
+            true,
+            Layers::Loop,
+        ),
+        // lowrank(r=2) looped on 2 devices: tests/decode_layer_noise.rs (slow tier).
     ] {
-        let tokens = decode(&client, strategy, 8, (&cfg, &tree), k, generation, &ids);
+        let tokens = decode(
+            &client,
+            strategy,
+            layers,
+            8,
+            (&cfg, &tree),
+            k,
+            generation,
+            &ids,
+        );
+        let strategy = format!("{strategy}, {}", layers.name());
         let host = Es {
             inner,
             mirrored,
@@ -158,8 +189,26 @@ fn identical_on_1_and_8_devices(strategies: &[&str]) {
     let k = key(4).unwrap();
     for strategy in strategies {
         assert_eq!(
-            decode(&client, strategy, 1, (&cfg, &tree), k, 0, &ids),
-            decode(&client, strategy, 8, (&cfg, &tree), k, 0, &ids),
+            decode(
+                &client,
+                strategy,
+                Layers::Unrolled,
+                1,
+                (&cfg, &tree),
+                k,
+                0,
+                &ids
+            ),
+            decode(
+                &client,
+                strategy,
+                Layers::Unrolled,
+                8,
+                (&cfg, &tree),
+                k,
+                0,
+                &ids
+            ),
             "{strategy}"
         );
     }

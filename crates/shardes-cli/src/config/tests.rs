@@ -28,7 +28,7 @@ fn every_listed_es_and_run_key_deserializes() {
         "how = \"B\"",
         "how = \"B\"\nmember_chunk = 8\nkeep_noise_mib = 4\noptimizer = { name = \"adam\", b1 = 0.8 }\n\
          freeze = [\"w*\"]\nsigma_separable = \"sigma.safetensors\"\nhow_hosts = \"B\"\n\
-         sigma_leaves = { \"b*\" = 0.02 }\ncompute_dtype = \"bf16\"",
+         sigma_leaves = { \"b*\" = 0.02 }\ncompute_dtype = \"bf16\"\ndevice_invariant = true",
     );
     let text = text.replace(
         "checkpoint_every = 10",
@@ -36,6 +36,7 @@ fn every_listed_es_and_run_key_deserializes() {
     );
     let c = Config::parse(&text).expect("every [es] key set");
     assert_eq!(c.es.member_chunk, Some(8));
+    assert!(c.es.device_invariant);
     assert_eq!(c.es.keep_noise_bytes(), 4 << 20);
     assert_eq!(
         (c.es.optimizer.name, c.es.optimizer.b1),

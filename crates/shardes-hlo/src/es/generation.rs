@@ -136,6 +136,10 @@ pub(super) struct Emitter<'a> {
     /// The model's layers, drawn in its loop over the layer index and contracted in a loop
     /// of `tell`'s own ([`super::layers`]); `None`: every leaf on its own.
     layers: Option<LayerGroup>,
+    /// Whether the layers' noise is drawn once per member chunk, into `[L, …]` stacks the
+    /// model's loop reads a row of ([`Emitter::drawing_layers_per_chunk`]), rather than
+    /// inside the model's loop.
+    per_chunk: bool,
 }
 
 impl<'a> Emitter<'a> {
@@ -155,6 +159,7 @@ impl<'a> Emitter<'a> {
             active,
             members: (0, es.n),
             layers: None,
+            per_chunk: false,
         })
     }
 
@@ -182,6 +187,18 @@ impl<'a> Emitter<'a> {
                     .all(|(values, leaf)| leaf.shape.len() < 2 || values.len() == 2)
             })
         });
+        self
+    }
+
+    /// The same emitter drawing its layer group's noise ([`Emitter::with_layers`]) once per
+    /// member chunk: a `while` over the layer index draws every layer's noise into `[L, …]`
+    /// stacks before the model runs, and the model's loop reads layer `i`'s row. For a
+    /// model that runs its layer loop many times per chunk (a decoder: the prefill and then
+    /// once per token), which would otherwise draw a layer's noise again on every pass;
+    /// the draws still do not grow with depth. The rows hold the values a draw inside the
+    /// model's loop gives (the same streams and ops, stored and read back exactly).
+    pub(super) fn drawing_layers_per_chunk(mut self) -> Self {
+        self.per_chunk = true;
         self
     }
 
@@ -504,13 +521,39 @@ impl<'a> Emitter<'a> {
             Some(_) => Vec::new(),
             None => group.layer_values(&self.layout.views(slots)?)?,
         };
+        // Each layer's noise values, cut from the stacks drawn for the chunk and handed to
+        // the model's loop by a `case` on the layer index. Not a `dynamic_slice` of the
+        // stacks in the loop body: XLA:CPU fuses that into the low-rank products, which
+        // rearranges their loops and moved the prefill logits by a few ulps against the
+        // per-leaf program (lowrank(r=2) on 2 devices, the tiny Qwen2); through the `case`
+        // they are the same bits. A layer adds its rows' slices (once per chunk) and a
+        // branch to each `case`, not a draw.
+        let drawn = if self.per_chunk {
+            let (stacks, shapes) = self.draw_layers(group, base, dirs)?;
+            let rows = (0..group.count() as i64)
+                .map(|l| {
+                    stacks
+                        .iter()
+                        .map(|st| Ok(st.slice_in_dim(l, l + 1, 0)?.reshape(&st.shape()[1..])?))
+                        .collect::<Result<Vec<_>, EsError>>()
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            Some((rows, shapes))
+        } else {
+            None
+        };
         let draw = |i: &Value| -> Result<ModelParams<'static>, EsError> {
             let bases = match &stacks {
                 Some(stacks) => LayerGroup::rows(stacks, i)?,
                 None => LayerGroup::select(&values, i)?,
             };
-            let keys = group.streams(base, i)?;
-            let noise = self.chunk_noise(&keys, group.active0(), dirs, None)?;
+            let noise = match &drawn {
+                Some((rows, shapes)) => noise_from_values(&LayerGroup::select(rows, i)?, shapes),
+                None => {
+                    let keys = group.streams(base, i)?;
+                    self.chunk_noise(&keys, group.active0(), dirs, None)?
+                }
+            };
             self.perturb_leaves(&bases, group.leaves0(), group.scales0(), &noise, signs)
         };
         let source = LayerDraw {
@@ -518,6 +561,57 @@ impl<'a> Emitter<'a> {
             members: Some(signs.shape()[0]),
         };
         model(&mp.with_layer_source(&source), &[])
+    }
+
+    /// Every layer's noise for the directions `dirs`, drawn in a `while` over the layer
+    /// index (layer `i` from its leaves' streams under `base`, through
+    /// [`Emitter::chunk_noise`] as a draw inside the model's loop would be) into one
+    /// `[L, d, …]` stack per noise value of `group`'s active leaves, with the shapes of one
+    /// direction's values ([`noise_shapes`]) to rebuild a layer's [`Noise`] from its rows.
+    #[allow(clippy::type_complexity)]
+    fn draw_layers(
+        &self,
+        group: &LayerGroup,
+        base: &Keys,
+        dirs: &Value,
+    ) -> Result<(Vec<Value>, Vec<Vec<Vec<i64>>>), EsError> {
+        let f = dirs.func();
+        let shapes = noise_shapes(self.es.strategy.as_ref(), group.active0())?;
+        let (count, d) = (group.count(), dirs.shape()[0]);
+        let hi = i32::try_from(count).map_err(|_| {
+            invalid(
+                format!("{count} layers do not fit an i32 loop index"),
+                "use fewer layers".into(),
+            )
+        })?;
+        let inits = shapes
+            .iter()
+            .flatten()
+            .map(|s| {
+                let mut shape = vec![count as i64, d];
+                shape.extend_from_slice(&s[1..]);
+                f.full(0.0f32, &shape)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let refs: Vec<&Value> = inits.iter().collect();
+        let stacks = f.fori_loop(0, hi, &refs, |i, carried| -> Result<_, EsError> {
+            let keys = group.streams(base, i)?;
+            let noise = self.chunk_noise(&keys, group.active0(), dirs, None)?;
+            let zero = f.scalar(0i32)?;
+            carried
+                .iter()
+                .zip(noise.iter().flat_map(Noise::values))
+                .map(|(stack, v)| {
+                    let mut shape = vec![1];
+                    shape.extend_from_slice(v.shape());
+                    let mut at = vec![i.clone()];
+                    at.resize(stack.rank(), zero.clone());
+                    let at: Vec<&Value> = at.iter().collect();
+                    Ok(stack.dynamic_update_slice(&v.reshape(&shape)?, &at)?)
+                })
+                .collect()
+        })?;
+        Ok((stacks, shapes))
     }
 
     /// `apply`: every local member's loss. Runs inside the manual computation, on local

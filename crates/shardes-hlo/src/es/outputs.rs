@@ -94,8 +94,10 @@ pub trait MemberOutputs {
     }
 
     /// The model's repeated layers, when it reads them in a loop over the layer index
-    /// ([`Model::layers`]), for the tell program paired with the outputs program (the
-    /// outputs program itself draws every leaf's noise once per chunk).
+    /// ([`Model::layers`]): the outputs program draws their noise once per member chunk in
+    /// a loop over the layer index and hands the model each layer's leaves through
+    /// [`ModelParams::layer_source`] (low-rank strategies; the others draw every leaf on
+    /// its own), and the paired tell program contracts them in a loop.
     fn layers(&self) -> Option<LayerLeaves> {
         None
     }
@@ -260,12 +262,15 @@ impl ShardedES {
         let mut module = Module::with_mesh(name, Mesh::pop(devices as i64)?);
         let f = module.func("main");
         let args = layout.declare(&f)?;
-        // No layer group here: a decoder reads its layers once per generated token, so
-        // noise drawn inside its layer loop would be drawn again for every token. Each
-        // leaf's noise is drawn once per chunk, before the decoding (its tell program still
-        // contracts the layers in a loop: `AsModel` hands it `MemberOutputs::layers`).
-        let emitter =
-            Emitter::new(self, &layout, chunk)?.with_members(members.start, members.len());
+        // A decoder reads its layers once per generated token, so noise drawn inside its
+        // layer loop would be drawn again for every token: the layers' noise is drawn once
+        // per chunk, in a loop over the layer index of its own (so a layer adds no ops),
+        // and the model's loop reads its layer's rows. Strategies the emitter keeps leaf by
+        // leaf (dense or materialized noise) draw every leaf once per chunk, unrolled.
+        let emitter = Emitter::new(self, &layout, chunk)?
+            .with_members(members.start, members.len())
+            .with_layers(model.layers())
+            .drawing_layers_per_chunk();
         let outs = OutputsEmitter {
             es: self,
             emitter: &emitter,
