@@ -518,6 +518,70 @@ mod reward_command {
         v
     }
 
+    /// A run killed outright (SIGKILL: no drop, no signal handler) while its reward program
+    /// is waiting takes the program along: the parent-death signal
+    /// (`shardes_runtime::child::end_with_parent`) ends it.
+    #[test]
+    fn a_run_killed_outright_takes_its_reward_program_along() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("killed");
+        // A marker argument no other test's program has, to find this one among the
+        // processes.
+        let marker = dir.path().join("marker");
+        // `hang` sleeps without reading: the closed stdin does not end it, a signal must.
+        let mut command = python(&["hang"]);
+        command.push(marker.display().to_string());
+        let cfg = config(dir.path(), &out, 2, &command, 0);
+        let cfg_text = std::fs::read_to_string(&cfg)
+            .unwrap()
+            .replace("timeout_s = 30", "timeout_s = 600");
+        std::fs::write(&cfg, cfg_text).unwrap();
+        let mut child = bin()
+            .current_dir(repo())
+            .args(["run", cfg.to_str().unwrap()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let needle = marker.display().to_string();
+        let find = || -> Option<u32> {
+            std::fs::read_dir("/proc").ok()?.find_map(|e| {
+                let e = e.ok()?;
+                let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+                let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+                String::from_utf8_lossy(&cmd)
+                    .contains(needle.as_str())
+                    .then_some(pid)
+            })
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+        let program = loop {
+            if let Some(pid) = find() {
+                break pid;
+            }
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "the run ended before its reward program started"
+            );
+            assert!(std::time::Instant::now() < deadline, "no reward program");
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        };
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let gone = |pid: u32| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .map_or(true, |s| s.split_whitespace().nth(2) == Some("Z"))
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !gone(program) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "reward program {program} outlived the killed run"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
     /// The shipped example as it is (examples/reward.py), shortened to 2 generations: finite
     /// rewards, nothing contained. (The default tier checks examples/reward.py against the
     /// built-in reward in tests/reward_command.rs and runs this config with another program.)
