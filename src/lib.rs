@@ -6,8 +6,8 @@
 //! - [`hlo`] builds programs (builder, PRNG, seams, ES, problems);
 //! - [`runtime`] runs them through a PJRT plugin;
 //! - [`problem`] turns a problem description into a model, parameters, a batch and a key;
-//! - [`trainer`] keeps an ES run's state on the devices and steps it;
-//! - [`outputs`] runs a population that returns outputs (tokens) for host rewards;
+//! - [`population`] keeps an ES run's state on the devices and steps it, one runner
+//!   ([`Population`]) whatever its fitness comes from and whoever holds its members;
 //! - [`decode`] decodes prompts under every member's perturbation ([`PopulationDecoder`]);
 //! - [`distributed`] runs one population across processes (MPI with the feature `mpi`);
 //! - [`io`] reads and writes parameter trees as safetensors;
@@ -46,27 +46,33 @@ pub mod io;
 pub mod mjcf;
 #[cfg(feature = "models")]
 pub mod models;
-pub mod outputs;
+pub mod population;
 #[cfg(feature = "models")]
 pub mod pretrained;
 pub mod problem;
 pub mod process;
 pub mod rundir;
-pub mod split;
 mod state;
 pub mod tasks;
 pub mod tensorboard;
 #[cfg(feature = "models")]
 pub mod tokenizer;
-pub mod trainer;
 
-pub use decode::{DecodeConfig, Decoded, PopulationDecoder};
-pub use outputs::{CompileWhen, HostArray, HostData, OutputsRunner};
+pub use decode::{Decode, DecodeConfig, Decoded, PopulationDecoder};
+pub use population::{
+    BuildTimes, CompileWhen, Evaluator, Fitness, HostArray, HostData, HostFitness, Population,
+};
 #[cfg(feature = "models")]
 pub use problem::qwen2::{Qwen2Source, Qwen2Weights};
 pub use problem::{Problem, ProblemError};
-pub use split::{HostFitness, SplitTrainer};
-pub use trainer::{BuildTimes, Trainer};
+
+/// The population of the fused generation program (ask + apply + tell in one executable).
+pub type Trainer = Population<population::Fused>;
+/// The population whose `ask + apply` returns the model's losses, with the tell apart
+/// (split mode: fitness from the host).
+pub type SplitTrainer = Population<population::Losses>;
+/// The population whose program returns per-member outputs that the caller scores.
+pub type OutputsRunner = Population<population::Outputs>;
 
 /// Errors of the facade: everything a run can fail with.
 #[derive(Debug, thiserror::Error)]

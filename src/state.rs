@@ -1,4 +1,4 @@
-//! ES state on the devices, shared by [`crate::Trainer`] and [`crate::SplitTrainer`].
+//! ES state on the devices, held by every [`crate::Population`].
 //!
 //! Parameters, key, generation and the optimizer's state (zero at the start; none under
 //! `sgd`) are replicated on each of the ES's devices, as are the batch inputs. A program's [`Layout`] orders its arguments and results:
@@ -11,7 +11,7 @@ use std::borrow::Cow;
 use shardes_hlo::es::{Layout, ProgramResults, Slot};
 use shardes_hlo::params::{Array, ParamTree};
 use shardes_hlo::prng::Key;
-use shardes_runtime::{Buffer, Client, Element, ElementType};
+use shardes_runtime::{Buffer, Client, Element, ElementType, Executable};
 
 use crate::dtype::element_type;
 use crate::Error;
@@ -308,6 +308,25 @@ impl DeviceState {
         }
         self.generation_host += advance;
         fitness
+    }
+
+    /// Runs `exe`, a tell program of `layout`, with every member's fitness `values`
+    /// (replicated on each device), and takes its results as the new state: the update
+    /// applied, the generation advanced.
+    pub(crate) fn tell(
+        &mut self,
+        client: &Client,
+        exe: &Executable,
+        layout: &Layout,
+        values: &[f32],
+    ) -> Result<(), Error> {
+        let fit_dev = replicate(client, values, &layout.fitness_dims(), self.devices())?;
+        let args: Vec<Vec<&Buffer>> = (0..self.devices())
+            .map(|d| self.args_for(layout, d, Some(&fit_dev[d])))
+            .collect::<Result<_, _>>()?;
+        let outs = exe.execute(&args)?;
+        self.absorb_for(layout, outs, 1)?;
+        Ok(())
     }
 
     /// Waits for the last dispatch by reading device 0's generation (one scalar).

@@ -157,8 +157,7 @@ fn eos_ends_a_row_with_the_eos_token_and_padding_after_it() {
         lens[j] = p.len() as i32;
     }
     let raw = stopping
-        .runner()
-        .outputs(&[
+        .raw_outputs(&[
             shardes::HostArray::i32(&[3, 6], ids),
             shardes::HostArray::i32(&[3], lens),
         ])

@@ -15,10 +15,11 @@
 
 mod support;
 
-use shardes::distributed::{params_digest, threads, HostFitnessRun, ProcessTrainer};
+use shardes::distributed::{params_digest, threads};
 use shardes::hlo::es::{EsSpec, How, SigmaPatterns};
 use shardes::hlo::params::ParamTree;
 use shardes::hlo::prng::key;
+use shardes::population::Place;
 use shardes::runtime::Client;
 use shardes::{HostFitness, SplitTrainer, Trainer};
 use support::rel_norm_diff;
@@ -62,7 +63,7 @@ fn processes(spec: &EsSpec, processes: usize, hosts: How) -> Vec<(Vec<Vec<f32>>,
         // The ES describes every process's devices (ShardedES is not Sync: one per thread).
         let es = spec.build(8).expect("es over every process's devices");
         let client = Client::cpu(8 / processes).expect("devices");
-        let mut t = ProcessTrainer::new(
+        let mut t = SplitTrainer::placed(
             &client,
             &es,
             &Mlp::PLAIN,
@@ -70,13 +71,12 @@ fn processes(spec: &EsSpec, processes: usize, hosts: How) -> Vec<(Vec<Vec<f32>>,
             key(7).unwrap(),
             &mlp_batch(2),
             0,
-            &dist,
-            hosts,
+            Place::Group(&dist, hosts),
         )
         .expect("process trainer");
         assert_eq!(t.members(), dist.members(64));
         let fitness = (0..GENERATIONS)
-            .map(|_| t.step(&dist).expect("step"))
+            .map(|_| t.step_in(&dist).expect("step"))
             .collect();
         t.check_params(&dist, t.generation())
             .expect("the same parameters");
@@ -213,7 +213,7 @@ fn processes_that_hold_different_parameters_are_stopped_naming_the_generation() 
         let client = Client::cpu(4).expect("devices");
         // Process 1 starts from other parameters: as if it had drifted.
         let params = mlp_params(1 + dist.rank() as u64);
-        let mut t = ProcessTrainer::new(
+        let mut t = SplitTrainer::placed(
             &client,
             &es,
             &Mlp::PLAIN,
@@ -221,11 +221,10 @@ fn processes_that_hold_different_parameters_are_stopped_naming_the_generation() 
             key(7).unwrap(),
             &mlp_batch(2),
             0,
-            &dist,
-            How::A,
+            Place::Group(&dist, How::A),
         )
         .expect("process trainer");
-        t.step(&dist).expect("step");
+        t.step_in(&dist).expect("step");
         t.check_params(&dist, t.generation())
             .expect_err("different parameters")
             .to_string()
@@ -259,7 +258,7 @@ fn a_reward_loop_scores_its_own_members_and_gathers_them() {
     let got = threads::run(2, |dist| {
         let es8 = s.build(8).expect("es");
         let client = Client::cpu(4).expect("devices");
-        let mut t = ProcessTrainer::new(
+        let mut t = SplitTrainer::placed(
             &client,
             &es8,
             &Mlp::PLAIN,
@@ -267,8 +266,7 @@ fn a_reward_loop_scores_its_own_members_and_gathers_them() {
             k,
             &batch,
             0,
-            &dist,
-            How::B,
+            Place::Group(&dist, How::B),
         )
         .expect("process trainer");
         for _ in 0..2 {

@@ -11,14 +11,15 @@
 
 use shardes::decode::DecodeConfig;
 use shardes::distributed::{params_digest, threads, Distributed};
-use shardes::finetune::{GenerationReport, RewardLoop, RewardSettings, TextCodec};
+use shardes::finetune::{GenerationReport, RewardEvaluator, RewardLoop, RewardSettings, TextCodec};
 use shardes::hlo::es::{EsSpec, How};
 use shardes::hlo::params::ParamTree;
 use shardes::hlo::prng::key;
 use shardes::hlo::problems::qwen2::{Qwen2, Qwen2Config};
+use shardes::population::Place;
 use shardes::runtime::Client;
 use shardes::tasks::target_token::{TargetToken, TargetTokenConfig};
-use shardes::PopulationDecoder;
+use shardes::{CompileWhen, Population, PopulationDecoder};
 
 const GENERATIONS: usize = 3;
 const PROMPTS: usize = 2;
@@ -36,9 +37,9 @@ fn model() -> (Qwen2Config, ParamTree) {
     (cfg, tree)
 }
 
-/// The loop over `decoder`: target_token (the share of token 7), fresh prompts every
+/// The reward run of `decoder`: target_token (the share of token 7), fresh prompts every
 /// generation.
-fn reward_loop(decoder: PopulationDecoder, vocab: usize) -> RewardLoop<PopulationDecoder> {
+fn reward_loop(decoder: PopulationDecoder, vocab: usize) -> Population<RewardEvaluator> {
     let task = TargetToken::new(TargetTokenConfig {
         token: 7,
         vocab: vocab as u32,
@@ -50,14 +51,22 @@ fn reward_loop(decoder: PopulationDecoder, vocab: usize) -> RewardLoop<Populatio
         prompts: PROMPTS,
         grouped: false,
     };
-    RewardLoop::new(
+    let lp = RewardLoop::new(
         Box::new(task),
         TextCodec::new(None, None, None),
-        decoder,
         settings,
         None,
     )
-    .unwrap()
+    .unwrap();
+    decoder.rewarded(lp, None)
+}
+
+/// One generation of `run` with every process of `dist`: its report without timings.
+fn step(run: &mut Population<RewardEvaluator>, dist: &Distributed) -> GenerationReport {
+    let fitness = run.step_in(dist).expect("step");
+    let r = run.evaluator().last_report().expect("a report").clone();
+    assert_eq!(r.fitness, fitness);
+    untimed(r)
 }
 
 /// Each report without its timings.
@@ -81,9 +90,9 @@ fn a_reward_loop_across_processes_has_the_bits_of_one_process() {
         .expect("decoder");
     let mut lp = reward_loop(decoder, cfg.vocab_size);
     let want: Vec<GenerationReport> = (0..GENERATIONS)
-        .map(|_| untimed(lp.step().expect("step")))
+        .map(|_| step(&mut lp, &Distributed::single()))
         .collect();
-    let want_params = lp.sampler().params().unwrap();
+    let want_params = lp.params().unwrap();
     assert!(
         want.iter().any(|r| r.rewards.iter().any(|&x| x > 0.0)),
         "no member ever emitted the token: the comparison would be vacuous"
@@ -94,7 +103,7 @@ fn a_reward_loop_across_processes_has_the_bits_of_one_process() {
             let es = spec().build(8).expect("es over both processes' devices");
             let client = Client::cpu(4).expect("4 devices");
             let m = Qwen2::new(cfg.clone(), PROMPTS, 4);
-            let decoder = PopulationDecoder::for_process(
+            let decoder = PopulationDecoder::placed(
                 &client,
                 &es,
                 m,
@@ -102,20 +111,19 @@ fn a_reward_loop_across_processes_has_the_bits_of_one_process() {
                 key(3).unwrap(),
                 0,
                 decode_config(),
-                &dist,
-                hosts,
+                Place::Group(&dist, hosts),
+                CompileWhen::Now,
             )
             .expect("process decoder");
             assert_eq!(decoder.members(), dist.members(16));
             assert_eq!(decoder.n(), 16);
             let mut lp = reward_loop(decoder, cfg.vocab_size);
-            let reports: Vec<GenerationReport> = (0..GENERATIONS)
-                .map(|_| untimed(lp.step_in(&dist).expect("step")))
-                .collect();
+            let reports: Vec<GenerationReport> =
+                (0..GENERATIONS).map(|_| step(&mut lp, &dist)).collect();
             // A one-process tell is refused: the update is a collective.
             let e = lp.step().unwrap_err().to_string();
             assert!(e.contains("but was told as process 0 of 1"), "{e}");
-            (reports, lp.sampler().params().unwrap())
+            (reports, lp.params().unwrap())
         });
         for (rank, (reports, params)) in got.iter().enumerate() {
             assert_eq!(reports, &want, "process {rank}, how_hosts {hosts}");

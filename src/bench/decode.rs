@@ -19,8 +19,8 @@ use shardes_runtime::{Client, Executable};
 
 use super::{peak_rss_bytes, Stats};
 use crate::decode::DecodeConfig;
-use crate::outputs::{HostArray, OutputsRunner};
 use crate::Error;
+use crate::{HostArray, OutputsRunner};
 
 /// What a decode benchmark runs.
 pub struct DecodeBenchInput<'a, D> {

@@ -1,13 +1,14 @@
 //! Decoding a prompt batch under every member's perturbation, with the rewards on the host:
 //! [`PopulationDecoder`].
 //!
-//! Built on [`OutputsRunner`] with a [`DecodeSpec`] (see [`shardes_hlo::decode`] for what
+//! A [`Population`] whose evaluator is [`Decode`], built on the outputs program with a
+//! [`DecodeSpec`] (see [`shardes_hlo::decode`] for what
 //! the program computes): [`PopulationDecoder::decode`] pads the prompts to the compiled
 //! batch (`B` rows right-padded to `P`), uploads only them, and returns each member's
 //! completions trimmed to their lengths; [`PopulationDecoder::tell`] takes the host fitness;
 //! [`PopulationDecoder::decode_plain`] decodes the unperturbed parameters greedily (held-out
 //! evaluation). The parameters never leave the devices. As one process of a run across
-//! processes ([`PopulationDecoder::for_process`]) it decodes that process's members and
+//! processes ([`PopulationDecoder::placed`] with a group) it decodes that process's members and
 //! places the update across processes ([`PopulationDecoder::tell_in`]).
 //!
 //! Completions: a row that emits an EOS id ends there, the EOS token included in its
@@ -21,20 +22,21 @@ pub use source::{load_qwen2, LoadedQwen2};
 
 pub use shardes_hlo::decode::{Bounded, DecodeShape, DecodeSpec, Decoder, PlainRows, Sampling};
 
-use std::ops::Range;
 use std::sync::OnceLock;
 
 use shardes_hlo::es::strategy::LowRank;
-use shardes_hlo::es::{leaf_infos, How, Program, ShardedES, WithTasks};
-use shardes_hlo::params::{Array, ParamTree};
+use shardes_hlo::es::{leaf_infos, Program, ShardedES, WithTasks};
+use shardes_hlo::params::ParamTree;
 use shardes_hlo::prng::Key;
 use shardes_runtime::{Client, Executable};
 use thiserror::Error;
 
-use crate::distributed::Distributed;
-use crate::outputs::{CompileWhen, HostArray, OutputsRunner};
-use crate::split::HostFitness;
-use crate::Error;
+use crate::population::outputs::{compile_over, run};
+use crate::population::{CompileWhen, Core, HostArray, Outputs, Place};
+use crate::{Error, OutputsRunner, Population};
+
+/// The population decoding prompts under its members' perturbations, state on the devices.
+pub type PopulationDecoder = Population<Decode>;
 
 /// What a [`PopulationDecoder`] decodes.
 #[derive(Clone, Debug, PartialEq)]
@@ -175,19 +177,21 @@ pub struct Decoded {
     pub generated: usize,
 }
 
-/// A population decoding prompts under its members' perturbations, state on the devices.
-pub struct PopulationDecoder {
-    runner: OutputsRunner,
+/// The decode programs of a population: each member's perturbed decode
+/// ([`Population::decode`]) and the unperturbed parameters' greedy decode for evaluation
+/// ([`Population::decode_plain`], compiled on its first call).
+pub struct Decode {
+    outputs: Outputs,
     config: DecodeConfig,
     vocab: usize,
-    /// The evaluation program, compiled on the first [`PopulationDecoder::decode_plain`].
+    /// The evaluation program, compiled on the first [`Population::decode_plain`].
     plain_program: Program,
     plain: OnceLock<Executable>,
 }
 
-impl PopulationDecoder {
+impl Population<Decode> {
     /// Compiles the decode and tell programs of `decoder` for `config` (the evaluation
-    /// program on the first [`PopulationDecoder::decode_plain`]) and uploads the state at
+    /// program on the first [`Population::decode_plain`]) and uploads the state at
     /// generation 0.
     pub fn new<D: Decoder + Clone>(
         client: &Client,
@@ -200,8 +204,8 @@ impl PopulationDecoder {
         Self::with_state(client, es, decoder, params, key, 0, config)
     }
 
-    /// [`PopulationDecoder::new`] from a saved state (`params` and the `generation` the next
-    /// decode/tell pair runs), for resuming: the same keys, so the same sampled tokens.
+    /// [`Population::<Decode>::new`] from a saved state (`params` and the `generation` the
+    /// next decode/tell pair runs), for resuming: the same keys, so the same sampled tokens.
     pub fn with_state<D: Decoder + Clone>(
         client: &Client,
         es: &ShardedES,
@@ -211,17 +215,25 @@ impl PopulationDecoder {
         generation: u32,
         config: DecodeConfig,
     ) -> Result<PopulationDecoder, Error> {
-        let spec = config.spec(decoder.clone())?;
-        let grouped = WithTasks(&spec, config.groups);
-        let runner = OutputsRunner::with_state(client, es, &grouped, params, key, generation)?;
-        Self::around(runner, es, decoder, params, config)
+        let place = Place::Alone;
+        Self::placed(
+            client,
+            es,
+            decoder,
+            params,
+            key,
+            generation,
+            config,
+            place,
+            CompileWhen::Now,
+        )
     }
 
     /// A decoder for evaluation only: greedy completions of `params`
-    /// ([`PopulationDecoder::decode_plain`]), the same batch on each of `devices` devices.
+    /// ([`Population::decode_plain`]), the same batch on each of `devices` devices.
     /// Only the evaluation program is compiled (on the first call); the perturbed decode
     /// and the tell of its one-member-per-device population are compiled only if used.
-    pub fn evaluator<D: Decoder + Clone>(
+    pub fn for_evaluation<D: Decoder + Clone>(
         client: &Client,
         devices: usize,
         decoder: D,
@@ -230,21 +242,14 @@ impl PopulationDecoder {
         config: DecodeConfig,
     ) -> Result<PopulationDecoder, Error> {
         let es = ShardedES::new(Box::new(LowRank { r: 1 }), devices, 1.0, 0.0, devices)?;
-        let spec = config.spec(decoder.clone())?;
-        let grouped = WithTasks(&spec, config.groups);
-        let runner =
-            OutputsRunner::compiled(client, &es, &grouped, params, key, 0, CompileWhen::FirstUse)?;
-        Self::around(runner, &es, decoder, params, config)
+        let (place, when) = (Place::Alone, CompileWhen::FirstUse);
+        Self::placed(client, &es, decoder, params, key, 0, config, place, when)
     }
 
-    /// [`PopulationDecoder::with_state`] as process `dist.part()` of a run across
-    /// processes ([`OutputsRunner::for_process`]): `es` is the whole run's; each
-    /// [`PopulationDecoder::decode`] decodes this process's members
-    /// ([`PopulationDecoder::members`]) and [`PopulationDecoder::tell_in`] places the
-    /// update across processes by `how_hosts`. The evaluation program decodes the
-    /// unperturbed parameters on this process's devices, the same tokens on every process.
+    /// The decoder of `decoder` placed by `place` (its programs compiled `when` asked; in
+    /// a group, now), with the evaluation program for its devices.
     #[allow(clippy::too_many_arguments)]
-    pub fn for_process<D: Decoder + Clone>(
+    pub fn placed<D: Decoder + Clone>(
         client: &Client,
         es: &ShardedES,
         decoder: D,
@@ -252,28 +257,16 @@ impl PopulationDecoder {
         key: Key,
         generation: u32,
         config: DecodeConfig,
-        dist: &Distributed,
-        how_hosts: How,
+        place: Place<'_>,
+        when: CompileWhen,
     ) -> Result<PopulationDecoder, Error> {
         let spec = config.spec(decoder.clone())?;
         let grouped = WithTasks(&spec, config.groups);
-        let runner = OutputsRunner::for_process(
-            client, es, &grouped, params, key, generation, dist, how_hosts,
-        )?;
-        Self::around(runner, es, decoder, params, config)
-    }
-
-    /// The decoder over `runner`, with the evaluation program for its devices.
-    fn around<D: Decoder + Clone>(
-        runner: OutputsRunner,
-        es: &ShardedES,
-        decoder: D,
-        params: &ParamTree,
-        config: DecodeConfig,
-    ) -> Result<PopulationDecoder, Error> {
+        let outputs =
+            OutputsRunner::placed(client, es, &grouped, params, key, generation, place, when)?;
         let vocab = usize::try_from(decoder.vocab()).unwrap_or(0);
         // Evaluation: the unperturbed parameters, one member per device, greedy.
-        let devices = runner.devices();
+        let devices = outputs.devices();
         let eval_es = ShardedES::new(
             Box::new(LowRank { r: 1 }),
             devices,
@@ -283,13 +276,74 @@ impl PopulationDecoder {
         )?;
         let eval = config.evaluation().spec(decoder)?;
         let plain_program = eval_es.plain_outputs_program(&eval, &leaf_infos(params))?;
-        Ok(PopulationDecoder {
-            runner,
+        let (core, outputs) = outputs.into_parts();
+        let decode = Decode {
+            outputs,
             config,
             vocab,
             plain_program,
             plain: OnceLock::new(),
-        })
+        };
+        Ok(Population::from_parts(core, decode))
+    }
+
+    /// Every member's completions of `prompts` (at most `batch`, each of 1 to `prompt_len`
+    /// tokens, refused otherwise with a [`DecodeError`]): the members of
+    /// [`Population::members`], in order.
+    pub fn decode(&self, prompts: &[Vec<u32>]) -> Result<Decoded, Error> {
+        self.evaluator().decode(self.core(), prompts)
+    }
+
+    /// The unperturbed parameters' greedy completions of `prompts` (for evaluation; at most
+    /// [`DecodeConfig::eval_batch`] of them), one per prompt, trimmed like
+    /// [`Population::decode`]'s. The first call compiles the evaluation program.
+    pub fn decode_plain(&self, prompts: &[Vec<u32>]) -> Result<Vec<Vec<u32>>, Error> {
+        self.evaluator().decode_plain(self.core(), prompts)
+    }
+
+    /// The decode program's raw outputs for `inputs` (the padded `[batch, prompt_len]`
+    /// ids and `[batch]` lengths): tokens `[members × batch, max_new]` and lengths.
+    pub fn raw_outputs(&self, inputs: &[HostArray]) -> Result<Vec<HostArray>, Error> {
+        self.evaluator().outputs.outputs(self.core(), inputs)
+    }
+
+    /// What this decoder was compiled for.
+    pub fn config(&self) -> &DecodeConfig {
+        &self.evaluator().config
+    }
+}
+
+impl Decode {
+    /// What this decoder was compiled for.
+    pub fn config(&self) -> &DecodeConfig {
+        &self.config
+    }
+
+    /// See [`Population::decode`].
+    pub(crate) fn decode(&self, core: &Core, prompts: &[Vec<u32>]) -> Result<Decoded, Error> {
+        let inputs = self.inputs(&self.config, prompts)?;
+        let out = self.outputs.outputs(core, &inputs)?;
+        Self::completions(&self.config, &out, core.members().len(), prompts.len())
+    }
+
+    /// See [`Population::decode_plain`].
+    pub(crate) fn decode_plain(
+        &self,
+        core: &Core,
+        prompts: &[Vec<u32>],
+    ) -> Result<Vec<Vec<u32>>, Error> {
+        let eval = self.config.evaluation();
+        let inputs = self.inputs(&eval, prompts)?;
+        let exe = match self.plain.get() {
+            Some(exe) => exe,
+            None => {
+                let exe = compile_over(core, self.outputs.layout(), &self.plain_program)?;
+                self.plain.get_or_init(|| exe)
+            }
+        };
+        let out = run(core, exe, &self.plain_program.layout, &inputs)?;
+        let mut d = Self::completions(&eval, &out, 1, prompts.len())?;
+        Ok(d.tokens.swap_remove(0))
     }
 
     /// The compiled batch as program inputs: prompts right-padded with the pad id, rows
@@ -371,91 +425,6 @@ impl PopulationDecoder {
             decoded.ended.push(ended);
         }
         Ok(decoded)
-    }
-
-    /// Every member's completions of `prompts` (at most `batch`, each of 1 to `prompt_len`
-    /// tokens, refused otherwise with a [`DecodeError`]): the members of
-    /// [`PopulationDecoder::members`], in order.
-    pub fn decode(&self, prompts: &[Vec<u32>]) -> Result<Decoded, Error> {
-        let inputs = self.inputs(&self.config, prompts)?;
-        let out = self.runner.outputs(&inputs)?;
-        Self::completions(
-            &self.config,
-            &out,
-            self.runner.members().len(),
-            prompts.len(),
-        )
-    }
-
-    /// The unperturbed parameters' greedy completions of `prompts` (for evaluation; at most
-    /// [`DecodeConfig::eval_batch`] of them), one per prompt, trimmed like
-    /// [`PopulationDecoder::decode`]'s. The first call compiles the evaluation program.
-    pub fn decode_plain(&self, prompts: &[Vec<u32>]) -> Result<Vec<Vec<u32>>, Error> {
-        let eval = self.config.evaluation();
-        let inputs = self.inputs(&eval, prompts)?;
-        let exe = match self.plain.get() {
-            Some(exe) => exe,
-            None => {
-                let exe = self.runner.compile(&self.plain_program)?;
-                self.plain.get_or_init(|| exe)
-            }
-        };
-        let out = self.runner.run(exe, &self.plain_program.layout, &inputs)?;
-        let mut d = Self::completions(&eval, &out, 1, prompts.len())?;
-        Ok(d.tokens.swap_remove(0))
-    }
-
-    /// Tells the host fitness (one value per member, lower is better: negate a reward) and
-    /// advances the generation.
-    pub fn tell(&mut self, fitness: &HostFitness) -> Result<(), Error> {
-        self.runner.tell(fitness)
-    }
-
-    /// [`PopulationDecoder::tell`] as one process of `dist`, every member's fitness given
-    /// (the same on every process); see [`OutputsRunner::tell_in`].
-    pub fn tell_in(&mut self, dist: &Distributed, fitness: &HostFitness) -> Result<(), Error> {
-        self.runner.tell_in(dist, fitness)
-    }
-
-    /// The global ids of the members [`PopulationDecoder::decode`] decodes (all `n` on one
-    /// process).
-    pub fn members(&self) -> Range<usize> {
-        self.runner.members()
-    }
-
-    /// The generation the next decode/tell pair runs.
-    pub fn generation(&self) -> u32 {
-        self.runner.generation()
-    }
-
-    /// Copies the parameters back to the host.
-    pub fn params(&self) -> Result<ParamTree, Error> {
-        self.runner.params()
-    }
-
-    /// The population size (every process's members).
-    pub fn n(&self) -> usize {
-        self.runner.n()
-    }
-
-    /// Copies the optimizer's state back to the host (empty under sgd).
-    pub fn optimizer_state(&self) -> Result<Vec<(String, Array)>, Error> {
-        self.runner.optimizer_state()
-    }
-
-    /// Replaces the optimizer's state on every device (a resumed checkpoint's).
-    pub fn set_optimizer_state(&mut self, tensors: &[(String, Array)]) -> Result<(), Error> {
-        self.runner.set_optimizer_state(tensors)
-    }
-
-    /// What this decoder was compiled for.
-    pub fn config(&self) -> &DecodeConfig {
-        &self.config
-    }
-
-    /// The runner underneath (outputs and tell over the device state).
-    pub fn runner(&self) -> &OutputsRunner {
-        &self.runner
     }
 }
 

@@ -4,8 +4,9 @@
 //! what the ids cannot tell them: the fitness values (`how_hosts = A`, `4·n` bytes per
 //! generation) or, in addition, one parameter-sized sum (`how_hosts = B`). Process `p` of
 //! `P` evaluates the global members `[p·n/P, (p+1)·n/P)` on its own devices
-//! ([`shardes_hlo::es::Part`]); [`ProcessTrainer`] runs the generation as the programs of
-//! [`shardes_hlo::es::processes`] with a [`Distributed`] between them.
+//! ([`shardes_hlo::es::Part`]); a [`crate::Population`] built for a process
+//! (`placed` with `Place::Group`) runs the generation as the programs of [`shardes_hlo::es::processes`]
+//! with a [`Distributed`] between them.
 //!
 //! [`Distributed`] is the group of processes: rank and size, and the few collectives a run
 //! needs, each with a result that is the same bits on every process:
@@ -28,7 +29,6 @@
 #[cfg(feature = "mpi")]
 mod mpi;
 pub mod threads;
-mod trainer;
 pub(crate) mod update;
 
 use std::ops::Range;
@@ -37,8 +37,6 @@ use std::time::{Duration, Instant};
 
 use shardes_hlo::es::Part;
 use shardes_hlo::params::{Array, ParamTree};
-
-pub use trainer::{HostFitnessRun, Phases, ProcessTrainer};
 
 /// What can go wrong between processes.
 #[derive(Debug, thiserror::Error)]

@@ -1,5 +1,4 @@
-//! The update of a population across processes, shared by [`super::ProcessTrainer`] and
-//! [`crate::decode::ProcessDecoder`]: every process's `tell` with the whole population's
+//! The update of a population across processes, whatever its evaluator: every process's `tell` with the whole population's
 //! fitness (`how_hosts = A`), or each process's partial sum added across processes in rank
 //! order, then the update (`B`).
 
@@ -10,7 +9,6 @@ use shardes_hlo::es::{How, Layout, LeafInfo, Model, Part, Program, ShardedES};
 use shardes_runtime::{Buffer, Client, Executable};
 
 use super::Distributed;
-use crate::split::run_tell;
 use crate::state::{replicate, DeviceState};
 use crate::Error;
 
@@ -103,14 +101,6 @@ impl HostsTell {
         })
     }
 
-    /// Fitness columns per member the update takes.
-    pub(crate) fn tasks(&self) -> usize {
-        match self {
-            HostsTell::Whole { layout, .. } => layout.tasks,
-            HostsTell::Shares { partial_layout, .. } => partial_layout.tasks,
-        }
-    }
-
     /// The update with every member's fitness `values` (the same on every process) over
     /// `state`, advancing its generation; a collective under `B`.
     pub(crate) fn run(
@@ -125,7 +115,7 @@ impl HostsTell {
         match self {
             HostsTell::Whole { exe, layout } => {
                 let _devices = exclusive(p.devices_lock);
-                run_tell(p.client, exe, layout, state, values)?;
+                state.tell(p.client, exe, layout, values)?;
                 // The phases end when the parameters are ready, not when the dispatch
                 // returns (and the devices are free when the lock is released).
                 state.sync()?;

@@ -1,59 +1,77 @@
-//! [`PopulationDecoder`] as the reward loop's [`Sampler`].
+//! A decode population as the reward loop's [`Sampler`].
 
 use std::ops::Range;
 
-use crate::decode::PopulationDecoder;
-use crate::distributed::Distributed;
-use crate::hlo::params::{Array, ParamTree};
-use crate::split::HostFitness;
+use crate::decode::{Decode, PopulationDecoder};
+use crate::hlo::params::ParamTree;
+use crate::population::Core;
 use crate::Error;
 
 use super::Sampler;
 
-impl Sampler for PopulationDecoder {
-    fn population(&self) -> usize {
-        self.n()
+/// A decode population's state and programs, borrowed apart: what an evaluator that holds
+/// the [`Decode`] programs (while the population holds the state) hands the reward loop.
+pub(crate) struct Decoding<'a> {
+    pub(crate) core: &'a Core,
+    pub(crate) decode: &'a Decode,
+}
+
+impl Sampler for Decoding<'_> {
+    fn generation(&self) -> u32 {
+        self.core.generation()
     }
 
-    fn generation(&self) -> u32 {
-        PopulationDecoder::generation(self)
+    fn members(&self) -> Range<usize> {
+        self.core.members()
     }
 
     fn decode(&mut self, prompts: &[Vec<u32>]) -> Result<Vec<Vec<Vec<u32>>>, Error> {
-        Ok(PopulationDecoder::decode(self, prompts)?.tokens)
+        Ok(self.decode.decode(self.core, prompts)?.tokens)
     }
 
     /// Any number of prompts, in batches of the compiled size.
     fn decode_plain(&mut self, prompts: &[Vec<u32>]) -> Result<Vec<Vec<u32>>, Error> {
-        let b = self.config().evaluation().batch.max(1);
+        let b = self.decode.config().evaluation().batch.max(1);
         let mut out = Vec::with_capacity(prompts.len());
         for chunk in prompts.chunks(b) {
-            out.extend(PopulationDecoder::decode_plain(self, chunk)?);
+            out.extend(self.decode.decode_plain(self.core, chunk)?);
         }
         Ok(out)
     }
 
-    fn tell(&mut self, fitness: Vec<f32>) -> Result<(), Error> {
-        PopulationDecoder::tell(self, &HostFitness::F32(fitness))
-    }
-
     fn params(&self) -> Result<ParamTree, Error> {
-        PopulationDecoder::params(self)
+        self.core.params()
+    }
+}
+
+impl Sampler for PopulationDecoder {
+    fn generation(&self) -> u32 {
+        self.core().generation()
     }
 
     fn members(&self) -> Range<usize> {
-        PopulationDecoder::members(self)
+        self.core().members()
     }
 
-    fn tell_in(&mut self, dist: &Distributed, fitness: Vec<f32>) -> Result<(), Error> {
-        PopulationDecoder::tell_in(self, dist, &HostFitness::F32(fitness))
+    fn decode(&mut self, prompts: &[Vec<u32>]) -> Result<Vec<Vec<Vec<u32>>>, Error> {
+        self.view().decode(prompts)
     }
 
-    fn optimizer_state(&self) -> Result<Vec<(String, Array)>, Error> {
-        PopulationDecoder::optimizer_state(self)
+    fn decode_plain(&mut self, prompts: &[Vec<u32>]) -> Result<Vec<Vec<u32>>, Error> {
+        self.view().decode_plain(prompts)
     }
 
-    fn set_optimizer_state(&mut self, tensors: &[(String, Array)]) -> Result<(), Error> {
-        PopulationDecoder::set_optimizer_state(self, tensors)
+    fn params(&self) -> Result<ParamTree, Error> {
+        self.core().params()
+    }
+}
+
+impl PopulationDecoder {
+    /// The state and programs as a [`Sampler`] view.
+    fn view(&self) -> Decoding<'_> {
+        Decoding {
+            core: self.core(),
+            decode: self.evaluator(),
+        }
     }
 }

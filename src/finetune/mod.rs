@@ -19,6 +19,7 @@
 
 mod decoder;
 mod evals;
+mod evaluator;
 mod task;
 mod text;
 
@@ -28,104 +29,33 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use crate::distributed::Distributed;
-use crate::hlo::params::{Array, ParamTree};
+use crate::hlo::params::ParamTree;
 use crate::Error;
 
 pub use evals::{read_evals, truncate_evals, EvalWriter};
+pub use evaluator::{HeldOut, RewardEvaluator, EVAL_LOG};
 pub use task::{join_ids, Completion, Prompt, PromptBatch, RewardTask, TextTask};
 pub use text::TextCodec;
 
-/// A population decoder with an ES update: what the reward loop drives.
+/// A population's decoding: what the reward loop asks of it.
 ///
-/// [`crate::decode::PopulationDecoder`] is the implementation; the trait keeps the loop
-/// independent of how (and on how many processes) the population is decoded.
+/// A decode [`crate::Population`] is the implementation (through
+/// [`crate::PopulationDecoder`], or inside the [`RewardEvaluator`] of a run); the trait
+/// keeps the loop independent of how, and on how many processes, the population is decoded.
 pub trait Sampler {
-    /// Population size `n`.
-    fn population(&self) -> usize;
-    /// The generation the next [`Sampler::decode`] and [`Sampler::tell`] belong to.
+    /// The generation the next [`Sampler::decode`] belongs to.
     fn generation(&self) -> u32;
-    /// Every member's completion of every prompt, `[n][prompts]`, each cut at its length
-    /// (EOS and padding removed), under the current generation's perturbations.
+    /// The global ids of the members [`Sampler::decode`] returns, in order: all `n` on one
+    /// process, this process's share in a run across processes.
+    fn members(&self) -> Range<usize>;
+    /// Each of [`Sampler::members`]' completion of every prompt, `[members][prompts]`,
+    /// each cut at its length (EOS and padding removed), under the current generation's
+    /// perturbations.
     fn decode(&mut self, prompts: &[Vec<u32>]) -> Result<Vec<Vec<Vec<u32>>>, Error>;
     /// Greedy completions of the unperturbed parameters, one per prompt.
     fn decode_plain(&mut self, prompts: &[Vec<u32>]) -> Result<Vec<Vec<u32>>, Error>;
-    /// The update from a host fitness (lower is better), `[n]` or `[n, prompts]` row-major;
-    /// advances the generation.
-    fn tell(&mut self, fitness: Vec<f32>) -> Result<(), Error>;
     /// The parameters, copied to the host.
     fn params(&self) -> Result<ParamTree, Error>;
-
-    /// The global ids of the members [`Sampler::decode`] returns, in order: all `n` on one
-    /// process, this process's share in a run across processes
-    /// ([`crate::decode::ProcessDecoder`]).
-    fn members(&self) -> Range<usize> {
-        0..self.population()
-    }
-
-    /// [`Sampler::tell`] as one process of `dist` with every member's fitness (the same on
-    /// every process): a collective where the update is exchanged between processes. A
-    /// one-process sampler refuses a group of several.
-    fn tell_in(&mut self, dist: &Distributed, fitness: Vec<f32>) -> Result<(), Error> {
-        if dist.size() != 1 {
-            return Err(Error::Invalid(format!(
-                "this sampler decodes the whole population in one process, but this is one of                  {} processes; use a ProcessDecoder",
-                dist.size()
-            )));
-        }
-        self.tell(fitness)
-    }
-
-    /// The optimizer's state, copied to the host (empty under sgd, the default).
-    fn optimizer_state(&self) -> Result<Vec<(String, Array)>, Error> {
-        Ok(Vec::new())
-    }
-
-    /// Replaces the optimizer's state (a resumed checkpoint's); a sampler without one
-    /// refuses any tensor.
-    fn set_optimizer_state(&mut self, tensors: &[(String, Array)]) -> Result<(), Error> {
-        if tensors.is_empty() {
-            Ok(())
-        } else {
-            Err(Error::Invalid(format!(
-                "this sampler keeps no optimizer state but {} tensors were given; resume with \
-                 the optimizer the state was written by",
-                tensors.len()
-            )))
-        }
-    }
-}
-
-impl<S: Sampler + ?Sized> Sampler for Box<S> {
-    fn population(&self) -> usize {
-        (**self).population()
-    }
-    fn generation(&self) -> u32 {
-        (**self).generation()
-    }
-    fn decode(&mut self, prompts: &[Vec<u32>]) -> Result<Vec<Vec<Vec<u32>>>, Error> {
-        (**self).decode(prompts)
-    }
-    fn decode_plain(&mut self, prompts: &[Vec<u32>]) -> Result<Vec<Vec<u32>>, Error> {
-        (**self).decode_plain(prompts)
-    }
-    fn tell(&mut self, fitness: Vec<f32>) -> Result<(), Error> {
-        (**self).tell(fitness)
-    }
-    fn params(&self) -> Result<ParamTree, Error> {
-        (**self).params()
-    }
-    fn members(&self) -> Range<usize> {
-        (**self).members()
-    }
-    fn tell_in(&mut self, dist: &Distributed, fitness: Vec<f32>) -> Result<(), Error> {
-        (**self).tell_in(dist, fitness)
-    }
-    fn optimizer_state(&self) -> Result<Vec<(String, Array)>, Error> {
-        (**self).optimizer_state()
-    }
-    fn set_optimizer_state(&mut self, tensors: &[(String, Array)]) -> Result<(), Error> {
-        (**self).set_optimizer_state(tensors)
-    }
 }
 
 /// Settings of a [`RewardLoop`].
@@ -212,10 +142,9 @@ pub struct EvalRecord {
 }
 
 /// The reward loop (see the [module docs](self)).
-pub struct RewardLoop<S: Sampler> {
+pub struct RewardLoop {
     task: Box<dyn RewardTask>,
     codec: TextCodec,
-    sampler: S,
     settings: RewardSettings,
     init: Option<ParamTree>,
 }
@@ -236,17 +165,16 @@ fn mean(v: impl Iterator<Item = f64>) -> f64 {
     }
 }
 
-impl<S: Sampler> RewardLoop<S> {
-    /// A loop over `task`'s prompts, encoded by `codec`, decoded and updated by `sampler`.
-    /// `init` (the parameters the run started from) is what [`EvalRecord::l2_from_init`]
-    /// measures against; without it that field is 0.
+impl RewardLoop {
+    /// A loop over `task`'s prompts, encoded by `codec`. `init` (the parameters the run
+    /// started from) is what [`EvalRecord::l2_from_init`] measures against; without it
+    /// that field is 0.
     pub fn new(
         task: Box<dyn RewardTask>,
         codec: TextCodec,
-        sampler: S,
         settings: RewardSettings,
         init: Option<ParamTree>,
-    ) -> Result<RewardLoop<S>, Error> {
+    ) -> Result<RewardLoop, Error> {
         if settings.prompts == 0 {
             return Err(Error::Invalid(
                 "task.prompts = 0: decode at least one prompt per generation".into(),
@@ -255,15 +183,9 @@ impl<S: Sampler> RewardLoop<S> {
         Ok(RewardLoop {
             task,
             codec,
-            sampler,
             settings,
             init,
         })
-    }
-
-    /// The sampler (for the parameters, the generation, checkpoints).
-    pub fn sampler(&self) -> &S {
-        &self.sampler
     }
 
     /// The task.
@@ -276,26 +198,25 @@ impl<S: Sampler> RewardLoop<S> {
         &self.codec
     }
 
-    /// The sampler, mutably (to set a resumed optimizer state).
-    pub fn sampler_mut(&mut self) -> &mut S {
-        &mut self.sampler
+    /// One generation's rewards on this process alone: prompts, `sampler`'s decode,
+    /// rewards, and the fitness `tell` takes ([`GenerationReport::fitness`]).
+    pub fn score(&mut self, sampler: &mut impl Sampler) -> Result<GenerationReport, Error> {
+        self.score_in(sampler, &Distributed::single())
     }
 
-    /// Runs one generation: prompts, decode, rewards, `tell`.
-    pub fn step(&mut self) -> Result<GenerationReport, Error> {
-        self.step_in(&Distributed::single())
-    }
-
-    /// [`RewardLoop::step`] as one process of `dist`, every process together: each picks
+    /// [`RewardLoop::score`] as one process of `dist`, every process together: each picks
     /// the same prompts (they derive from the seed and the generation), decodes and scores
     /// its own members ([`Sampler::members`]); the rewards (with each process's token and
     /// failure counts) are gathered in rank order, which is member order, like the fitness;
-    /// every process shapes the same fitness from them and tells
-    /// ([`Sampler::tell_in`]). The report is the whole population's, the same on every
-    /// process (but the timings).
-    pub fn step_in(&mut self, dist: &Distributed) -> Result<GenerationReport, Error> {
+    /// every process shapes the same fitness from them, for the population to tell. The
+    /// report is the whole population's, the same on every process (but the timings).
+    pub fn score_in(
+        &mut self,
+        sampler: &mut impl Sampler,
+        dist: &Distributed,
+    ) -> Result<GenerationReport, Error> {
         let t_host = Instant::now();
-        let generation = self.sampler.generation();
+        let generation = sampler.generation();
         let batch = self
             .task
             .train(self.settings.seed, generation, self.settings.prompts)?;
@@ -306,10 +227,10 @@ impl<S: Sampler> RewardLoop<S> {
             .collect::<Result<Vec<_>, _>>()?;
         let mut host = t_host.elapsed().as_secs_f64();
         let t_dec = Instant::now();
-        let decoded = self.sampler.decode(&ids)?;
+        let decoded = sampler.decode(&ids)?;
         let decode_secs = t_dec.elapsed().as_secs_f64();
         let t_host = Instant::now();
-        let m = self.sampler.members().len();
+        let m = sampler.members().len();
         let b = ids.len();
         if decoded.len() != m || decoded.iter().any(|c| c.len() != b) {
             return Err(Error::Invalid(format!(
@@ -321,7 +242,7 @@ impl<S: Sampler> RewardLoop<S> {
         let flat: Vec<Vec<u32>> = decoded.into_iter().flatten().collect();
         let tokens: usize = flat.iter().map(Vec::len).sum();
         let completions = self.codec.completions(flat)?;
-        let scores = batch.score_from(&completions, self.sampler.members().start)?;
+        let scores = batch.score_from(&completions, sampler.members().start)?;
         host += t_host.elapsed().as_secs_f64();
         let (rewards, tokens, contained) = if dist.size() == 1 {
             (scores.rewards, tokens, scores.contained.len())
@@ -338,7 +259,6 @@ impl<S: Sampler> RewardLoop<S> {
                 .collect()
         };
         host += t_host.elapsed().as_secs_f64();
-        self.sampler.tell_in(dist, fitness.clone())?;
         Ok(GenerationReport {
             generation,
             mean_reward: mean(rewards.iter().map(|&r| f64::from(r))),
@@ -353,16 +273,21 @@ impl<S: Sampler> RewardLoop<S> {
         })
     }
 
-    /// Greedy decoding of the unperturbed parameters on the first `count` held-out
-    /// prompts, keeping `samples` completions.
-    pub fn evaluate(&mut self, count: usize, samples: usize) -> Result<EvalRecord, Error> {
+    /// Greedy decoding of `sampler`'s unperturbed parameters on the first `count`
+    /// held-out prompts, keeping `samples` completions.
+    pub fn evaluate(
+        &mut self,
+        sampler: &mut impl Sampler,
+        count: usize,
+        samples: usize,
+    ) -> Result<EvalRecord, Error> {
         let batch = self.task.held_out(count)?;
         let ids = batch
             .prompts
             .iter()
             .map(|p| self.codec.encode(p))
             .collect::<Result<Vec<_>, _>>()?;
-        let out = self.sampler.decode_plain(&ids)?;
+        let out = sampler.decode_plain(&ids)?;
         if out.len() != ids.len() {
             return Err(Error::Invalid(format!(
                 "the sampler returned {} plain completions for {} prompts",
@@ -375,11 +300,11 @@ impl<S: Sampler> RewardLoop<S> {
         let scores = batch.score_plain(&completions)?;
         let r = &scores.rewards;
         let l2 = match &self.init {
-            Some(init) => l2_distance(&self.sampler.params()?, init)?,
+            Some(init) => l2_distance(&sampler.params()?, init)?,
             None => 0.0,
         };
         Ok(EvalRecord {
-            generation: self.sampler.generation(),
+            generation: sampler.generation(),
             prompts: ids.len(),
             mean_reward: mean(r.iter().map(|&x| f64::from(x))),
             accuracy: fraction(r, |x| x == 1.0),
@@ -478,17 +403,15 @@ mod tests {
     use super::*;
     use crate::tasks::target_token::{TargetToken, TargetTokenConfig};
 
-    /// Member `i` answers every prompt with `i` copies of token 1 then one token 2, and
-    /// records what `tell` received.
+    /// Member `i` answers every prompt with `i` copies of token 1 then one token 2.
     struct Fixed {
         n: usize,
         generation: u32,
-        told: Vec<Vec<f32>>,
     }
 
     impl Sampler for Fixed {
-        fn population(&self) -> usize {
-            self.n
+        fn members(&self) -> Range<usize> {
+            0..self.n
         }
         fn generation(&self) -> u32 {
             self.generation
@@ -510,11 +433,6 @@ mod tests {
         fn decode_plain(&mut self, prompts: &[Vec<u32>]) -> Result<Vec<Vec<u32>>, Error> {
             Ok(prompts.to_vec())
         }
-        fn tell(&mut self, fitness: Vec<f32>) -> Result<(), Error> {
-            self.told.push(fitness);
-            self.generation += 1;
-            Ok(())
-        }
         fn params(&self) -> Result<ParamTree, Error> {
             Ok(ParamTree::map(Vec::<(String, ParamTree)>::new()))
         }
@@ -527,10 +445,9 @@ mod tests {
             prompt_tokens: 3,
         })
         .unwrap();
-        let sampler = Fixed {
+        let mut sampler = Fixed {
             n: 3,
             generation: 0,
-            told: Vec::new(),
         };
         let settings = RewardSettings {
             seed: 0,
@@ -540,13 +457,14 @@ mod tests {
         let mut lp = RewardLoop::new(
             Box::new(task),
             TextCodec::new(None, None, None),
-            sampler,
             settings,
             None,
         )
         .unwrap();
-        let r = lp.step().unwrap();
-        (r, lp.sampler().told.clone())
+        let r = lp.score(&mut sampler).unwrap();
+        // What the population tells with.
+        let told = vec![r.fitness.clone()];
+        (r, told)
     }
 
     #[test]
@@ -574,10 +492,9 @@ mod tests {
             .iter()
             .map(|p| f64::from(crate::tasks::target_token::reward(1, p)))
             .collect();
-        let sampler = Fixed {
+        let mut sampler = Fixed {
             n: 2,
             generation: 4,
-            told: Vec::new(),
         };
         let settings = RewardSettings {
             seed: 0,
@@ -587,12 +504,11 @@ mod tests {
         let mut lp = RewardLoop::new(
             Box::new(task),
             TextCodec::new(None, None, None),
-            sampler,
             settings,
             None,
         )
         .unwrap();
-        let e = lp.evaluate(5, 2).unwrap();
+        let e = lp.evaluate(&mut sampler, 5, 2).unwrap();
         assert_eq!(e.generation, 4);
         assert_eq!(e.prompts, 5);
         assert!((e.mean_reward - expect.iter().sum::<f64>() / 5.0).abs() < 1e-6);
@@ -648,8 +564,8 @@ mod containment {
     /// Member `i` answers with ids `[i; i + 1]` (text: the ids joined).
     struct Members(usize);
     impl Sampler for Members {
-        fn population(&self) -> usize {
-            self.0
+        fn members(&self) -> Range<usize> {
+            0..self.0
         }
         fn generation(&self) -> u32 {
             0
@@ -661,9 +577,6 @@ mod containment {
         }
         fn decode_plain(&mut self, prompts: &[Vec<u32>]) -> Result<Vec<Vec<u32>>, Error> {
             Ok(prompts.to_vec())
-        }
-        fn tell(&mut self, _: Vec<f32>) -> Result<(), Error> {
-            Ok(())
         }
         fn params(&self) -> Result<ParamTree, Error> {
             Ok(ParamTree::map(Vec::<(String, ParamTree)>::new()))
@@ -682,8 +595,8 @@ mod containment {
         };
         // Prompts are text; a codec without a tokenizer refuses them, so feed ids.
         let task = TextTask::new(Echo);
-        let mut lp = RewardLoop::new(Box::new(task), codec, Members(10), settings, None).unwrap();
-        let e = lp.step().unwrap_err().to_string();
+        let mut lp = RewardLoop::new(Box::new(task), codec, settings, None).unwrap();
+        let e = lp.score(&mut Members(10)).unwrap_err().to_string();
         assert!(e.contains("needs a tokenizer"), "{e}");
 
         let scores = TextTask::new(Echo)

@@ -5,19 +5,18 @@
 //! fixed for the run like the in-program environments' reset states) for at most `T`
 //! steps. Per step the `n × E` simulations are observed ([`crate::mjcf`]: `qpos ‖ qvel`),
 //! the devices evaluate every member's perturbed policy on its own observations in one
-//! dispatch ([`HostTrainer`]), the actions come back and the simulations step in parallel on
+//! dispatch ([`Simulations`], the evaluator of a [`crate::Population`]), the actions come back and the simulations step in parallel on
 //! the host ([`Rollouts`]). Reward, termination and masking are the model's conventions
 //! ([`crate::mjcf`]); an episode that ended is no longer stepped, and once all have ended
 //! the generation's remaining steps are skipped. The fitness is the negated return, per
 //! episode for `group_relative` or its mean over the episodes, as in the in-program problem.
 //!
-//! Across processes (`mpirun`), [`HostProcessTrainer`] runs one process's part: the
+//! Across processes (`mpirun`), [`HostTrainer::placed`] with a group runs one process's part: the
 //! episodes of its own members, their policies on its own devices, the fitness gathered
 //! and the update placed by `how_hosts`, with the bits of one process.
 
-mod processes;
 mod rollouts;
-mod trainer;
+mod simulations;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -27,9 +26,8 @@ use shardes_hlo::prng::Key;
 use shardes_hlo::problems::control::{policy, Fitness};
 use shardes_hlo::problems::ProblemError;
 
-pub use processes::HostProcessTrainer;
 pub use rollouts::{HostMlp, RolloutStats, Rollouts};
-pub use trainer::{GenerationStats, HostTrainer};
+pub use simulations::{GenerationStats, HostTrainer, Simulations};
 
 use crate::mjcf::{MjcfEnv, MjcfError};
 

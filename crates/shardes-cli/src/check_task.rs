@@ -366,7 +366,7 @@ pub fn lines(config: &Config, p: &TaskPlan) -> Result<Vec<String>> {
                 h.longest,
                 list(&at, count),
                 e.samples,
-                config.run.out.join(crate::run::reward::EVAL_LOG).display()
+                config.run.out.join(shardes::finetune::EVAL_LOG).display()
             ));
         }
         _ => v.push("eval: none (no [eval] section)".into()),

@@ -479,7 +479,7 @@ pub fn evaluator(
     dc: shardes::decode::DecodeConfig,
 ) -> anyhow::Result<shardes::PopulationDecoder> {
     let client = client(config)?;
-    shardes::PopulationDecoder::evaluator(
+    shardes::PopulationDecoder::for_evaluation(
         &client,
         config.devices,
         loaded.decoder(&dc),

@@ -10,7 +10,9 @@
 use anyhow::{Context, Result};
 use serde::Serialize;
 use shardes::bench::Stats;
-use shardes::distributed::{Phases, ProcessTrainer};
+use shardes::population::Phases;
+use shardes::population::Place;
+use shardes::SplitTrainer;
 
 use super::{parse_how, BenchArgs};
 use crate::config::Config;
@@ -78,7 +80,7 @@ pub fn run(args: &BenchArgs, config: &Config, mut group: Group) -> Result<()> {
     let p = &s.problem;
     let mut trainers = Vec::with_capacity(hosts.len());
     for &h in &hosts {
-        let t = ProcessTrainer::new(
+        let t = SplitTrainer::placed(
             &s.client,
             &s.es,
             &*p.model,
@@ -86,8 +88,7 @@ pub fn run(args: &BenchArgs, config: &Config, mut group: Group) -> Result<()> {
             p.key,
             &p.batch,
             0,
-            group.dist()?,
-            h,
+            Place::Group(group.dist()?, h),
         )
         .with_context(|| format!("building the programs for how_hosts {h}"))?
         .with_barriers(true);
@@ -97,7 +98,7 @@ pub fn run(args: &BenchArgs, config: &Config, mut group: Group) -> Result<()> {
     for round in 0..args.warmup + args.generations {
         for (t, out) in trainers.iter_mut().zip(&mut samples) {
             let t0 = std::time::Instant::now();
-            t.step(group.dist()?)?;
+            t.step_in(group.dist()?)?;
             let ms = t0.elapsed().as_secs_f64() * 1e3;
             if round >= args.warmup {
                 out.push((ms, t.phases()));

@@ -35,7 +35,6 @@ pub(crate) mod processes;
 pub(crate) mod reward;
 mod signals;
 mod start;
-mod step;
 mod summary;
 
 use std::io::IsTerminal;
@@ -45,9 +44,8 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use shardes::hlo::prng::Key;
-use shardes::host_control::HostTrainer;
+use shardes::population::Place;
 use shardes::rundir::{read_metrics, Metric, Mode, RunDir};
-use shardes::Trainer;
 
 use engine::Engine;
 
@@ -355,35 +353,18 @@ fn run_in(group: &mut Group, args: &RunArgs) -> Result<Outcome> {
         group.finish();
         return Ok(Outcome::Finished);
     }
-    let p = &s.problem;
-    let mut trainer = match (&config.task, &s.host) {
-        _ if group.size() > 1 => group
-            .engine(&s, &p.params, start)
-            .context("building this process's programs")?,
-        (Some(_), _) => Engine::Reward(Box::new(reward::build(&s, start, None)?)),
-        (None, Some(h)) => Engine::Host(Box::new(
-            HostTrainer::new(&s.client, &s.es, h, &p.params, p.key, start)
-                .context("building the policy step and tell programs")?,
-        )),
-        (None, None) => {
-            // Handed over: each leaf's host copy goes as soon as it is on the devices.
-            let params = std::mem::replace(&mut s.problem.params, empty_tree());
-            let q = &s.problem;
-            Engine::Fused(
-                Trainer::with_state_taking(
-                    &s.client, &s.es, &*q.model, params, q.key, &q.batch, start,
-                )
-                .context("building the generation program")?,
-            )
-        }
+    // Handed over: the devices hold the parameters from here on (a checkpoint reads them
+    // back), so no host copy stays the model's size for the whole run.
+    let params = std::mem::replace(&mut s.problem.params, empty_tree());
+    let place = match group.size() {
+        1 => Place::Alone,
+        _ => Place::Group(group.dist()?, config.es.hosts_how()),
     };
+    let mut trainer = engine::build(&s, params, start, place)?;
     if let Some(optimizer) = &resumed_optimizer {
-        trainer.resume_optimizer(optimizer)?;
+        engine::resume_optimizer(&mut trainer, optimizer)?;
     }
     group.share_optimizer(&mut trainer)?;
-    // The devices hold the parameters from here on (a checkpoint reads them back), so the
-    // host copy goes: kept, it would stay the model's size on the host for the whole run.
-    s.problem.params = empty_tree();
     let bt = trainer.build_times();
     outln!(
         out,
@@ -436,12 +417,7 @@ fn run_in(group: &mut Group, args: &RunArgs) -> Result<Outcome> {
         }
     }
     rundir.write_config(&resolved).map_err(rundir_error)?;
-    if let Engine::Reward(r) = &mut trainer {
-        if start > 0 {
-            shardes::finetune::truncate_evals(&dir.join(reward::EVAL_LOG), start)?;
-        }
-        r.open_log(&dir)?;
-    }
+    trainer.attach(&dir, start)?;
     let mut metrics = rundir.metrics_writer().map_err(rundir_error)?;
     let mut summary = Summary::default();
     if start > 0 {
@@ -458,7 +434,7 @@ fn run_in(group: &mut Group, args: &RunArgs) -> Result<Outcome> {
     let t_run = Instant::now();
     let mut outcome = Outcome::Finished;
     if start == 0 {
-        if let Some(line) = trainer.evaluate_if_due(0, false)? {
+        if let Some(line) = held_out(&mut trainer, 0, false)? {
             progress.line(&line);
         }
     }
@@ -468,14 +444,12 @@ fn run_in(group: &mut Group, args: &RunArgs) -> Result<Outcome> {
             break;
         }
         let t0 = Instant::now();
-        let step = trainer
-            .step(group.dist()?)
+        let (fitness, scalars) = engine::step(&mut trainer, group.dist()?)
             .with_context(|| format!("running generation {g}"))?;
-        let fitness = step.fitness;
         let ms = t0.elapsed().as_secs_f64() * 1e3;
         let (mean, lo, hi) = stats(&fitness);
         let mut extra = extra_scalars(&config, mean);
-        extra.extend(step.extra);
+        extra.extend(scalars);
         let m = Metric {
             generation: g,
             fitness_mean: mean,
@@ -504,7 +478,7 @@ fn run_in(group: &mut Group, args: &RunArgs) -> Result<Outcome> {
         }
         // Before the checkpoint: a kill between the two leaves an evaluation that the
         // resume (from the previous checkpoint) drops and writes again.
-        if let Some(line) = trainer.evaluate_if_due(done, false)? {
+        if let Some(line) = held_out(&mut trainer, done, false)? {
             progress.line(&line);
         }
         if every > 0 && (done as usize).is_multiple_of(every) && done < total {
@@ -524,7 +498,7 @@ fn run_in(group: &mut Group, args: &RunArgs) -> Result<Outcome> {
     group.check(&trainer, g, every, true)?;
     // The end of the run (not of an interrupted part of it) is evaluated too.
     if outcome == Outcome::Finished && g > start {
-        match trainer.evaluate_if_due(g, true) {
+        match held_out(&mut trainer, g, true) {
             Ok(Some(line)) => progress.line(&line),
             Ok(None) => {}
             Err(e) => {
@@ -587,6 +561,13 @@ fn run_in(group: &mut Group, args: &RunArgs) -> Result<Outcome> {
 
 /// Scalars a problem reports beside the fitness: a control task's fitness is the negated
 /// mean return, so its `return` (higher is better) is logged and shown too.
+/// The held-out evaluation due after `done` generations, if any: its line.
+fn held_out(trainer: &mut Engine, done: u32, last: bool) -> Result<Option<String>> {
+    trainer
+        .held_out(done, last)
+        .with_context(|| format!("evaluating at generation {done}"))
+}
+
 fn extra_scalars(config: &Config, fitness_mean: f64) -> std::collections::BTreeMap<String, f64> {
     let mut extra = std::collections::BTreeMap::new();
     if matches!(config.problem, ProblemConfig::Control { .. }) {

@@ -30,15 +30,14 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use shardes::distributed::{bytes_digest, params_digest, Distributed, ProcessTrainer};
+use shardes::distributed::{bytes_digest, Distributed};
 use shardes::hlo::es::check_processes;
 use shardes::hlo::params::Array;
 use shardes::hlo::params::ParamTree;
-use shardes::host_control::HostProcessTrainer;
+use shardes::population::Place;
 
-use super::engine::Engine;
+use super::engine::{self, Engine};
 use super::finite;
-use super::reward;
 use super::signals::{Signal, Stop};
 use crate::config::{es_error, Config, ConfigError};
 use crate::out::errln;
@@ -257,45 +256,6 @@ impl Group {
         Ok((start, params))
     }
 
-    /// This process's engine in a run across processes: the [`ProcessTrainer`] (placed
-    /// by `es.how_hosts`), for a `[task]` the reward run decoding this process's members
-    /// (on `s.problem.params`, which the caller set to `params`), or for a MuJoCo model the
-    /// [`HostProcessTrainer`] simulating this process's members.
-    pub fn engine(&self, s: &Setup, params: &ParamTree, start: u32) -> Result<Engine> {
-        if let Some(h) = &s.host {
-            return Ok(Engine::HostProcesses(Box::new(HostProcessTrainer::new(
-                &s.client,
-                &s.es,
-                h,
-                params,
-                s.problem.key,
-                start,
-                self.dist()?,
-                s.config.es.hosts_how(),
-            )?)));
-        }
-        if s.config.task.is_some() {
-            let group = (self.dist()?, s.config.es.hosts_how());
-            return Ok(Engine::Reward(Box::new(reward::build(
-                s,
-                start,
-                Some(group),
-            )?)));
-        }
-        let p = &s.problem;
-        Ok(Engine::Processes(Box::new(ProcessTrainer::new(
-            &s.client,
-            &s.es,
-            &*p.model,
-            params,
-            p.key,
-            &p.batch,
-            start,
-            self.dist()?,
-            s.config.es.hosts_how(),
-        )?)))
-    }
-
     /// The lead's optimizer state (its resumed checkpoint's, or zeros) on every process:
     /// a collective under a stateful optimizer across processes, nothing otherwise.
     pub fn share_optimizer(&self, engine: &mut Engine) -> Result<()> {
@@ -374,16 +334,7 @@ impl Group {
         if self.size == 1 || !(last || checkpoint || done.is_multiple_of(PARAM_CHECK_EVERY)) {
             return Ok(());
         }
-        match engine {
-            Engine::Processes(t) => t.check_params(self.dist()?, done)?,
-            Engine::Reward(_) | Engine::HostProcesses(_) => self.dist()?.agree(
-                &format!("the parameters at generation {done}"),
-                params_digest(&engine.params()?),
-                "the processes ran different programs or hardware; rerun from the last \
-                 checkpoint, on the same plugin and machine type for every process",
-            )?,
-            Engine::Fused(_) | Engine::Host(_) => {}
-        }
+        engine.check_params(self.dist()?, done)?;
         Ok(())
     }
 
@@ -410,14 +361,14 @@ pub fn follow(
     stop: &Stop,
     total: u32,
 ) -> Result<Option<Signal>> {
-    let mut s = group.setup(config)?;
+    let s = group.setup(config)?;
     let (start, params) = group.share_start(0, s.problem.params.clone())?;
     if start >= total {
         group.finish();
         return Ok(None);
     }
-    s.problem.params = params;
-    let mut engine = group.engine(&s, &s.problem.params, start)?;
+    let place = Place::Group(group.dist()?, config.es.hosts_how());
+    let mut engine = engine::build(&s, params, start, place)?;
     group.share_optimizer(&mut engine)?;
     if let Some(sig) = group.stop(stop)? {
         return Ok(Some(sig));
@@ -429,10 +380,8 @@ pub fn follow(
             outcome = Some(sig);
             break;
         }
-        let fitness = engine
-            .step(group.dist()?)
-            .with_context(|| format!("running generation {g}"))?
-            .fitness;
+        let (fitness, _) = engine::step(&mut engine, group.dist()?)
+            .with_context(|| format!("running generation {g}"))?;
         if let Some(bad) = finite::fitness(&fitness) {
             return Err(finite::diverged_fitness(
                 (&config.es).into(),
