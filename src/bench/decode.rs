@@ -7,6 +7,8 @@
 //! Each round times one call of each, interleaved (machine noise hits both alike), and,
 //! to split the time, the same two programs compiled for one new token (prefill and the
 //! first token alone). No EOS id is set, so every call generates `n × B × T` tokens.
+//! Then, unless `gemm_size` is 0, the f32 GEMM peak of the same devices
+//! ([`super::gemm_peak_gflops`]), the yardstick for the per-token step's FLOP rate.
 
 use std::time::Instant;
 
@@ -38,6 +40,8 @@ pub struct DecodeBenchInput<'a, D> {
     pub config: DecodeConfig,
     /// The prompt batch (`B` rows of token ids, each `1..=P` long).
     pub prompts: Vec<Vec<u32>>,
+    /// Per-device size of the square f32 GEMM that measures the peak (0: skip).
+    pub gemm_size: usize,
 }
 
 /// Timings of one program.
@@ -53,6 +57,8 @@ pub struct DecodeTimes {
     pub prefill_ms: Stats,
     /// Generated tokens per second (median call).
     pub tokens_per_s: f64,
+    /// One new token's step, ms: (median call − median prefill) / (T − 1); 0 when T = 1.
+    pub step_ms: f64,
 }
 
 /// Everything the decode benchmark reports.
@@ -82,6 +88,9 @@ pub struct DecodeBenchReport {
     pub plain: DecodeTimes,
     /// `plain.tokens_per_s / es.tokens_per_s` (the ES decode's slowdown; 1 is free).
     pub ratio: f64,
+    /// The best f32 GEMM rate on the devices, GFLOP/s ([`super::gemm_peak_gflops`]);
+    /// 0 when skipped.
+    pub gemm_peak_gflops: f64,
     /// Peak resident memory of the process (`VmHWM`), bytes; 0 where unavailable.
     pub peak_rss_bytes: u64,
 }
@@ -180,6 +189,12 @@ pub fn run_decode<D: Decoder + Clone>(
     let tokens = n * c.batch * c.max_new;
     let times = |p: &Compiled, call: &[f64], prefill: &[f64]| {
         let call_ms = Stats::of(call);
+        let prefill_ms = Stats::of(prefill);
+        let step_ms = if c.max_new > 1 {
+            (call_ms.median - prefill_ms.median) / (c.max_new - 1) as f64
+        } else {
+            0.0
+        };
         DecodeTimes {
             emit_ms: p.emit_ms,
             compile_ms: p.compile_ms,
@@ -189,8 +204,15 @@ pub fn run_decode<D: Decoder + Clone>(
                 0.0
             },
             call_ms,
-            prefill_ms: Stats::of(prefill),
+            prefill_ms,
+            step_ms,
         }
+    };
+    progress("GEMM peak", 0, 1);
+    let gemm_peak_gflops = if input.gemm_size > 0 {
+        super::gemm_peak_gflops(input.client, input.es.devices(), input.gemm_size, 5)?
+    } else {
+        0.0
     };
     let es = times(&es_full, &samples[0], &samples[2]);
     let plain = times(&plain_full, &samples[1], &samples[3]);
@@ -214,6 +236,7 @@ pub fn run_decode<D: Decoder + Clone>(
         es,
         plain,
         ratio,
+        gemm_peak_gflops,
         peak_rss_bytes: peak_rss_bytes(),
     })
 }

@@ -51,6 +51,10 @@ fn bench_on_a_decode_config_prints_the_ratio_and_writes_json() {
     assert_eq!(r["tokens_per_call"], 8 * 2 * 3);
     assert!(r["ratio"].as_f64().unwrap() > 0.0);
     assert!(r["es"]["tokens_per_s"].as_f64().unwrap() > 0.0);
+    // A difference of two timings: present, of either sign under load.
+    assert!(r["es"]["step_ms"].is_f64());
+    assert!(r["gemm_peak_gflops"].as_f64().unwrap() > 0.0);
+    assert!(table.contains("GEMM peak"), "{table}");
 }
 
 #[test]
