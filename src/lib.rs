@@ -2,9 +2,10 @@
 //!
 //! One StableHLO program per generation (ask + apply + tell), with Shardy annotations over a
 //! one-axis `"pop"` mesh, run through the PJRT C API. This facade re-exports the crates
-//! users depend on and adds what needs both of them:
+//! users depend on and adds what needs more than one of them:
 //! - [`hlo`] builds programs (builder, PRNG, seams, ES, problems);
 //! - [`runtime`] runs them through a PJRT plugin;
+//! - [`mujoco`] opens the MuJoCo library and simulates its models on the host;
 //! - [`problem`] turns a problem description into a model, parameters, a batch and a key;
 //! - [`population`] keeps an ES run's state on the devices and steps it, one runner
 //!   ([`Population`]) whatever its fitness comes from and whoever holds its members;
@@ -21,6 +22,7 @@
 //! compile the `tokenizers` crate.
 
 pub use shardes_hlo as hlo;
+pub use shardes_mujoco as mujoco;
 pub use shardes_runtime as runtime;
 
 pub mod bench;
@@ -95,6 +97,10 @@ pub enum Error {
     /// A problem could not be built from its description.
     #[error(transparent)]
     Problem(#[from] ProblemError),
+    /// A population refused a call (a fitness of the wrong length, a group it was not
+    /// built for, inputs that do not fit its program).
+    #[error(transparent)]
+    Population(#[from] population::PopulationError),
     /// A prompt batch a decoder cannot take.
     #[error(transparent)]
     Decode(#[from] decode::DecodeError),

@@ -32,7 +32,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use shardes_hlo::prng::{uniform, Key, PrngError};
-use shardes_runtime::mujoco::{Data, Model, Mujoco, MujocoError};
+use shardes_mujoco::{Data, Model, Mujoco, MujocoError};
 
 /// The `<custom><numeric>` names shardes reads (besides `shardes_bound_<joint>`).
 pub const NUMERICS: [&str; 5] = [

@@ -2,7 +2,7 @@
 //!
 //! `tests/fixtures/mujoco/rollouts.json` is written by `tools/mujoco_fixture.py`: the
 //! shipped models stepped by `mujoco` 4.0.0 under fixed controls from a fixed state. The
-//! same steps through `shardes_runtime::mujoco` must give the same `qpos` and `qvel` within
+//! same steps through `shardes_mujoco` must give the same `qpos` and `qvel` within
 //! 1e-9 (absolute, or relative to the value where it is larger than 1): both call the same
 //! `libmujoco.so.4.0.0` (the pinned one is byte-identical to the Python package's), so the
 //! trajectories agree to the last bit in practice; the tolerance leaves room for another
@@ -18,7 +18,7 @@ use std::sync::Arc;
 use serde_json::Value;
 use shardes::hlo::prng::key;
 use shardes::mjcf::{MjcfEnv, MjcfError};
-use shardes::runtime::mujoco::{Data, Model, Mujoco};
+use shardes::mujoco::{Data, Model, Mujoco};
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

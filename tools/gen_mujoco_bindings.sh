@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Regenerates crates/shardes-runtime/src/mujoco/ffi.rs from the MuJoCo C headers that ship in
+# Regenerates crates/shardes-mujoco/src/ffi.rs from the MuJoCo C headers that ship in
 # the pinned mujoco-core wheel. Only maintainers run this: the generated file is committed so
 # that a normal build needs neither libclang, the headers nor network access (the library
-# itself is opened at run time, see shardes_runtime::mujoco).
+# itself is opened at run time, see crates/shardes-mujoco/src/raw.rs).
 #
 # Needs: python3 with pip, bindgen (`cargo install bindgen-cli --locked`), libclang (e.g. Debian
 # `libclang-dev`). The wheel is fetched through pip with its hash pinned, so the headers the
 # bindings come from are exactly those of the library that provisioning installs; the pins
-# below are the ones in crates/shardes-runtime/src/mujoco/provision.rs.
+# below are the ones of `MUJOCO` in crates/shardes-mujoco/src/provision.rs.
 set -euo pipefail
 
 PKG=mujoco-core
@@ -17,7 +17,7 @@ SELECT=(--platform manylinux_2_28_x86_64 --python-version 3.11 --implementation 
 INCLUDE_IN_WHEEL=mujoco/include
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUT="$ROOT/crates/shardes-runtime/src/mujoco/ffi.rs"
+OUT="$ROOT/crates/shardes-mujoco/src/ffi.rs"
 BINDGEN="${BINDGEN:-bindgen}"
 
 TMP="$(mktemp -d)"

@@ -2,7 +2,7 @@
 """Writes tests/fixtures/mujoco/rollouts.json: the shipped MuJoCo models stepped by the
 `mujoco` Python package under fixed action sequences.
 
-The reference for `shardes_runtime::mujoco` and `shardes::mjcf`. Run it once, in a
+The reference for `shardes_mujoco` and `shardes::mjcf`. Run it once, in a
 throw-away virtualenv outside the repository, and commit what it writes:
 
     python3 -m venv /tmp/mjvenv

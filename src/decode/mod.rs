@@ -32,7 +32,7 @@ use shardes_runtime::{Client, Executable};
 use thiserror::Error;
 
 use crate::population::outputs::{compile_over, run};
-use crate::population::{CompileWhen, Core, HostArray, Outputs, Place};
+use crate::population::{CompileWhen, Core, HostArray, Outputs, Place, PopulationError};
 use crate::{Error, OutputsRunner, Population};
 
 /// The population decoding prompts under its members' perturbations, state on the devices.
@@ -398,9 +398,7 @@ impl Decode {
         prompts: usize,
     ) -> Result<Decoded, Error> {
         let (Some(tokens), Some(lengths)) = (out[0].as_i32(), out[1].as_i32()) else {
-            return Err(Error::Invalid(
-                "the decode program returned no i32 tokens".into(),
-            ));
+            return Err(PopulationError::MissingResult("the decode program", "i32 tokens").into());
         };
         let mut decoded = Decoded {
             tokens: Vec::with_capacity(members),

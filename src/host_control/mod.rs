@@ -123,7 +123,7 @@ impl MjcfControl {
     }
 
     /// Loads the model (opening the MuJoCo library, `library` first; see
-    /// [`shardes_runtime::mujoco::locate`]).
+    /// [`shardes_mujoco::locate`]).
     pub fn load(self, library: Option<&Path>) -> Result<HostControl, MjcfError> {
         let env = MjcfEnv::load(library, &self.mjcf)?;
         Ok(HostControl {

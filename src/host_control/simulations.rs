@@ -31,6 +31,7 @@ use super::{HostControl, RolloutStats, Rollouts};
 use crate::distributed::Distributed;
 use crate::population::{
     CompileWhen, Core, Evaluator, Fitness, HostArray, HostData, Outputs, Place, Population,
+    PopulationError,
 };
 use crate::Error;
 
@@ -169,9 +170,9 @@ impl Evaluator for Simulations {
                 let mut out = policy.outputs(core, std::slice::from_ref(obs))?;
                 match out.pop().map(|a| a.data) {
                     Some(HostData::F32(actions)) => Ok(actions),
-                    _ => Err(Error::Invalid(
-                        "the policy step returned no f32 actions".into(),
-                    )),
+                    _ => {
+                        Err(PopulationError::MissingResult("the policy step", "f32 actions").into())
+                    }
                 }
             },
             |_, _| Ok(()),

@@ -10,6 +10,7 @@ use shardes_hlo::es::{How, Layout, Part, Program};
 use shardes_hlo::params::{Array, ParamTree};
 use shardes_runtime::{Buffer, Client, CompileOptions, Executable};
 
+use super::error::PopulationError;
 use crate::distributed::update::{barrier_ms, exclusive, Exchange, HostsTell, Process};
 use crate::distributed::{params_digest, Distributed};
 use crate::state::DeviceState;
@@ -124,12 +125,12 @@ pub struct Core {
 /// Refuses a fitness that is not one value per member and column.
 fn check_fitness(values: &[f32], n: usize, tasks: usize) -> Result<(), Error> {
     if values.len() != n * tasks {
-        return Err(Error::Invalid(format!(
-            "tell got {} fitness values but the population has n = {n} members × {tasks} \
-             columns = {}; pass one value per member and column, in member order",
-            values.len(),
-            n * tasks
-        )));
+        return Err(PopulationError::FitnessCount {
+            got: values.len(),
+            n,
+            columns: tasks,
+        }
+        .into());
     }
     Ok(())
 }
@@ -235,18 +236,13 @@ impl Core {
     fn check_group(&self, dist: &Distributed) -> Result<(), Error> {
         let part = self.part();
         if dist.part() != part {
-            let fix = if part.processes == 1 {
-                "build the population for the group it runs in (`placed` with `Place::Group`)"
-            } else {
-                "build it with the group it is stepped with (Distributed::part())"
-            };
-            return Err(Error::Invalid(format!(
-                "this population is process {} of {} but was told as process {} of {}; {fix}",
-                part.rank,
-                part.processes,
-                dist.rank(),
-                dist.size()
-            )));
+            return Err(PopulationError::WrongGroup {
+                rank: part.rank,
+                processes: part.processes,
+                told_rank: dist.rank(),
+                told_processes: dist.size(),
+            }
+            .into());
         }
         Ok(())
     }
@@ -256,14 +252,13 @@ impl Core {
     pub(crate) fn gather(&mut self, dist: &Distributed, mine: &[f32]) -> Result<Vec<f32>, Error> {
         let want = self.members().len() * self.tasks;
         if mine.len() != want {
-            return Err(Error::Invalid(format!(
-                "process {} got {} fitness values for its {} members × {} columns = {want}; \
-                 pass one value per own member (and column), in member order",
-                self.part().rank,
-                mine.len(),
-                self.members().len(),
-                self.tasks
-            )));
+            return Err(PopulationError::OwnFitnessCount {
+                process: self.part().rank,
+                got: mine.len(),
+                members: self.members().len(),
+                columns: self.tasks,
+            }
+            .into());
         }
         if let Placement::Local { .. } = self.placement {
             return Ok(mine.to_vec());
@@ -285,13 +280,7 @@ impl Core {
         check_fitness(values, self.n, self.tasks)?;
         let t0 = Instant::now();
         let ex = match &self.placement {
-            Placement::Local { tell: None } => {
-                return Err(Error::Invalid(
-                    "this population's program applies the update itself; step it instead of \
-                     telling it a fitness"
-                        .into(),
-                ))
-            }
+            Placement::Local { tell: None } => return Err(PopulationError::UpdatesItself.into()),
             Placement::Local {
                 tell: Some((exe, layout)),
             } => {

@@ -13,7 +13,7 @@ use shardes_hlo::params::{Array, ParamTree};
 use shardes_hlo::prng::Key;
 use shardes_runtime::{gather_rows, Buffer, Client, CompileOptions, Executable};
 
-use super::{BuildTimes, Core, Evaluator, Fitness, Place, Placement, Population};
+use super::{BuildTimes, Core, Evaluator, Fitness, Place, Placement, Population, PopulationError};
 use crate::distributed::Distributed;
 use crate::state::DeviceState;
 use crate::Error;
@@ -93,11 +93,7 @@ impl Population<Fused> {
         let per = u32::try_from(per_dispatch)
             .ok()
             .filter(|&k| k > 0)
-            .ok_or_else(|| {
-                Error::Invalid(format!(
-                    "{per_dispatch} generations per dispatch; use between 1 and 2^32 − 1"
-                ))
-            })?;
+            .ok_or(PopulationError::PerDispatch(per_dispatch))?;
         let (fused, layout, times) = compiled(client, es, model, params, per)?;
         let devices = es.devices();
         let state = DeviceState::upload(client, devices, layout, params, key, batch, generation)?;
@@ -154,10 +150,7 @@ impl Population<Fused> {
     pub fn step_many(&mut self, k: usize) -> Result<Vec<f32>, Error> {
         let per = self.generations_per_dispatch();
         if k == 0 || !k.is_multiple_of(per) {
-            return Err(Error::Invalid(format!(
-                "step_many({k}): this trainer runs {per} generations per dispatch; ask for a \
-                 positive multiple of {per}"
-            )));
+            return Err(PopulationError::StepMany { k, per }.into());
         }
         let mut fitness = Vec::new();
         for _ in 0..k / per {

@@ -18,7 +18,10 @@ use shardes_hlo::params::{Array, ParamTree};
 use shardes_hlo::prng::Key;
 use shardes_runtime::{gather_rows, Client, CompileOptions, Executable};
 
-use super::{placement, BuildTimes, CompileWhen, Core, Evaluator, Fitness, Place, Population};
+use super::{
+    placement, BuildTimes, CompileWhen, Core, Evaluator, Fitness, Place, Population,
+    PopulationError,
+};
 use crate::distributed::Distributed;
 use crate::state::DeviceState;
 use crate::Error;
@@ -38,7 +41,7 @@ impl Losses {
                 layout
                     .split_results(out)?
                     .fitness
-                    .ok_or_else(|| Error::Invalid("ask_apply returned no fitness".into()))?,
+                    .ok_or(PopulationError::MissingResult("ask_apply", "fitness"))?,
             );
         }
         Ok(gather_rows(&shards)?)

@@ -26,6 +26,7 @@
 //! `Population<Decode>`.
 
 mod core;
+mod error;
 mod fitness;
 mod fused;
 mod losses;
@@ -41,6 +42,7 @@ use shardes_runtime::{Client, CompileOptions};
 
 pub use self::core::{BuildTimes, CompileWhen, Core, Phases};
 pub(crate) use self::core::{OnDemand, Placement};
+pub use error::PopulationError;
 pub use fitness::HostFitness;
 pub use fused::Fused;
 pub use losses::Losses;

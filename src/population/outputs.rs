@@ -18,7 +18,9 @@ use shardes_hlo::params::ParamTree;
 use shardes_hlo::prng::Key;
 use shardes_runtime::{gather_rows, Buffer, Client, CompileOptions, Element, Executable};
 
-use super::{placement, BuildTimes, CompileWhen, Core, OnDemand, Place, Population};
+use super::{
+    placement, BuildTimes, CompileWhen, Core, OnDemand, Place, Population, PopulationError,
+};
 use crate::state::{replicate, DeviceState};
 use crate::Error;
 
@@ -103,13 +105,7 @@ fn gather(shards: &[Buffer], ty: &TensorType) -> Result<HostArray, Error> {
         DType::F32 => HostData::F32(rows(shards)?),
         DType::I32 => HostData::I32(rows(shards)?),
         DType::U32 => HostData::U32(rows(shards)?),
-        d => {
-            return Err(Error::Invalid(format!(
-                "an output of element type {} cannot be brought back; return f32, i32 or u32 \
-                 outputs",
-                d.mlir()
-            )))
-        }
+        d => return Err(PopulationError::OutputType(d.mlir().to_string()).into()),
     };
     Ok(HostArray { dims, data })
 }
@@ -166,28 +162,28 @@ pub(crate) fn run(
 fn upload(core: &Core, layout: &Layout, inputs: &[HostArray]) -> Result<Vec<Vec<Buffer>>, Error> {
     let devices = core.devices();
     if inputs.len() != layout.batch.len() {
-        return Err(Error::Invalid(format!(
-            "the outputs program takes {} inputs ({}) but {} were given",
-            layout.batch.len(),
-            layout
+        return Err(PopulationError::InputCount {
+            want: layout.batch.len(),
+            types: layout
                 .batch
                 .iter()
                 .map(|(n, t)| format!("{n}: {t}"))
                 .collect::<Vec<_>>()
                 .join(", "),
-            inputs.len()
-        )));
+            got: inputs.len(),
+        }
+        .into());
     }
     let mut out: Vec<Vec<Buffer>> = (0..devices).map(|_| Vec::new()).collect();
     for ((name, ty), a) in layout.batch.iter().zip(inputs) {
         let want: Vec<usize> = ty.shape.iter().map(|&d| d as usize).collect();
         if a.dims != want || a.dtype() != ty.dtype || a.len() != want.iter().product::<usize>() {
-            return Err(Error::Invalid(format!(
-                "input `{name}` is {}{:?} with {} values but the program expects {ty}",
-                a.dtype().mlir(),
-                a.dims,
-                a.len()
-            )));
+            return Err(PopulationError::InputType {
+                name: name.clone(),
+                got: format!("{}{:?} with {} values", a.dtype().mlir(), a.dims, a.len()),
+                want: ty.to_string(),
+            }
+            .into());
         }
         let client = &core.client;
         let bufs = match &a.data {
@@ -348,12 +344,7 @@ pub(crate) fn compile_over(
         || program.layout.leaves != layout.leaves
         || program.layout.stacks != layout.stacks
     {
-        return Err(Error::Invalid(
-            "only an outputs program of this population's leaves runs over its state; build \
-             it with ShardedES::outputs_program or plain_outputs_program for the same \
-             parameters"
-                .into(),
-        ));
+        return Err(PopulationError::ForeignProgram.into());
     }
     let devices = program
         .module
@@ -361,11 +352,11 @@ pub(crate) fn compile_over(
         .map(|m| m.size() as usize)
         .unwrap_or(1);
     if devices != core.devices() {
-        return Err(Error::Invalid(format!(
-            "the program runs on {devices} devices but the state is on {}; build it with \
-             an ES of the same device count",
-            core.devices()
-        )));
+        return Err(PopulationError::DeviceCount {
+            program: devices,
+            state: core.devices(),
+        }
+        .into());
     }
     Ok(core
         .client

@@ -13,10 +13,11 @@ use shardes::hlo::es::{
 use shardes::hlo::problems::qwen2::Layers;
 
 mod dtype;
+pub mod keys;
 mod problem;
 mod task;
 pub use problem::{control, control_mjcf, quadratic, transformer_block, WeightsKey};
-pub use task::{task_keys, EvalConfig, TaskConfig, EVAL_KEYS, TASK_NAMES};
+pub use task::{task_keys, task_names, EvalConfig, TaskConfig, TaskSection};
 
 /// A user-facing configuration error: one line saying what is wrong and a hint saying how to fix it.
 #[derive(Debug, thiserror::Error)]
@@ -64,10 +65,10 @@ pub struct Config {
 
 /// `[problem]`: one variant per problem, chosen by `name`.
 ///
-/// A key that the named problem does not read is refused (before deserializing, with the
-/// list of keys it does read: [`PROBLEM_VARIANTS`]). Absent keys stay `None` rather than
-/// taking their defaults here, so the resolved config and [`Config::trajectory_hash`] record
-/// what the user wrote.
+/// A variant's fields are the keys its problem reads ([`problem_reads`]): a key that the
+/// named problem does not read is refused before deserializing, with that list. Absent
+/// keys stay `None` rather than taking their defaults here, so the resolved config and
+/// [`Config::trajectory_hash`] record what the user wrote.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "name", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ProblemConfig {
@@ -156,41 +157,21 @@ pub enum ProblemConfig {
     },
 }
 
-/// Every problem's `name` and the `[problem]` keys its [`ProblemConfig`] variant reads
-/// besides `name`, in the variant's field order. `problem_keys_match_the_variants` checks
-/// them against the variants.
-pub const PROBLEM_VARIANTS: &[(&str, &[&str])] = &[
-    ("transformer_block", &["d_model", "batch", "seq"]),
-    (
-        "qwen2",
-        &[
-            "batch",
-            "seq",
-            "checkpoint",
-            "size",
-            "data",
-            "tokenizer",
-            "compute_dtype",
-            "layers",
-            "model",
-        ],
-    ),
-    (
-        "control",
-        &["env", "episodes", "episode_length", "hidden", "mjcf"],
-    ),
-    ("quadratic", &["rows", "cols", "condition"]),
-];
+/// The problem names, in [`ProblemConfig`]'s order.
+pub fn problems() -> &'static [&'static str] {
+    keys::variants::<ProblemConfig>()
+}
 
-/// The problem names, in [`PROBLEM_VARIANTS`] order.
-pub fn problems() -> Vec<&'static str> {
-    PROBLEM_VARIANTS.iter().map(|(name, _)| *name).collect()
+/// The `[problem]` keys the problem `name` reads besides `name`, in its variant's field
+/// order; empty for an unknown name.
+pub fn problem_reads(name: &str) -> &'static [&'static str] {
+    keys::variant_fields::<ProblemConfig>(name)
 }
 
 /// Every `[problem]` key of any problem: `name`, then each variant's keys not listed yet.
 fn problem_keys() -> Vec<&'static str> {
-    let mut keys = vec!["name"];
-    for key in PROBLEM_VARIANTS.iter().flat_map(|(_, k)| k.iter()) {
+    let mut keys = vec![keys::TAG];
+    for key in problems().iter().flat_map(|name| problem_reads(name)) {
         if !keys.contains(key) {
             keys.push(key);
         }
@@ -202,12 +183,12 @@ fn problem_keys() -> Vec<&'static str> {
 /// raw `[problem]` table (serde would only say "unknown variant" or "unknown field").
 fn check_problem_table(table: &toml::Table) -> Result<(), ConfigError> {
     // A missing or mistyped name is left to serde, which names the type it expects.
-    let Some(name) = table.get("name").and_then(toml::Value::as_str) else {
+    let Some(name) = table.get(keys::TAG).and_then(toml::Value::as_str) else {
         return Ok(());
     };
-    let Some((_, reads)) = PROBLEM_VARIANTS.iter().find(|(n, _)| *n == name) else {
-        let names = problems();
-        let hint = match nearest(name, &names) {
+    let names = problems();
+    if !names.contains(&name) {
+        let hint = match nearest(name, names) {
             Some(n) => format!("did you mean \"{n}\"?"),
             None => format!("known problems: {}", names.join(", ")),
         };
@@ -215,13 +196,14 @@ fn check_problem_table(table: &toml::Table) -> Result<(), ConfigError> {
             format!("problem.name: unknown problem \"{name}\""),
             hint,
         ));
-    };
+    }
+    let reads = problem_reads(name);
     let foreign = problem_keys()
         .into_iter()
-        .find(|k| *k != "name" && table.contains_key(*k) && !reads.contains(k));
+        .find(|k| *k != keys::TAG && table.contains_key(*k) && !reads.contains(k));
     if let Some(key) = foreign {
         // The keys every problem reads first, then this one's own.
-        let shared = |k: &&str| PROBLEM_VARIANTS.iter().all(|(_, ks)| ks.contains(k));
+        let shared = |k: &&str| names.iter().all(|n| problem_reads(n).contains(k));
         let listed: Vec<&str> = reads
             .iter()
             .filter(|k| shared(k))
@@ -239,12 +221,7 @@ fn check_problem_table(table: &toml::Table) -> Result<(), ConfigError> {
 impl ProblemConfig {
     /// The problem's `name`.
     pub fn name(&self) -> &'static str {
-        match self {
-            ProblemConfig::TransformerBlock { .. } => "transformer_block",
-            ProblemConfig::Qwen2 { .. } => "qwen2",
-            ProblemConfig::Control { .. } => "control",
-            ProblemConfig::Quadratic { .. } => "quadratic",
-        }
+        keys::name_of(self)
     }
 
     /// `d_model`, `batch` and `seq` as given (`None` where unset or not read).
@@ -348,35 +325,6 @@ fn default_checkpoint_every() -> usize {
     10
 }
 
-/// Valid keys per table, for unknown-key suggestions (`[problem]`'s: [`problem_keys`]). Keep
-/// in sync with the structs above; `every_listed_es_and_run_key_deserializes` checks the
-/// `[es]` and `[run]` lists.
-pub(crate) const TOP_KEYS: &[&str] = &["plugin", "devices", "problem", "es", "run", "task", "eval"];
-pub(crate) const ES_KEYS: &[&str] = &[
-    "strategy",
-    "n",
-    "sigma",
-    "lr",
-    "shaping",
-    "how",
-    "member_chunk",
-    "keep_noise_mib",
-    "optimizer",
-    "freeze",
-    "sigma_separable",
-    "sigma_leaves",
-    "how_hosts",
-    "compute_dtype",
-    "device_invariant",
-];
-pub(crate) const RUN_KEYS: &[&str] = &[
-    "seed",
-    "generations",
-    "out",
-    "checkpoint_every",
-    "tensorboard",
-];
-
 fn nearest<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
     candidates
         .iter()
@@ -404,31 +352,66 @@ fn check_keys(table: &toml::Table, path: &str, valid: &[&str]) -> Result<(), Con
     Ok(())
 }
 
-/// Where the `[problem]` value that serde refused is, when `error_span` is the whole
-/// table's: the tagged enum is deserialized from a buffer, which keeps no positions, so each
-/// key is tried alone with the name.
-fn problem_value_span(
+/// A section's keys with the spans of their values.
+type SpannedKeys = toml::Spanned<std::collections::BTreeMap<String, toml::Spanned<toml::Value>>>;
+
+/// Where the value that serde refused in a tagged section (`[problem]`, `[task]`) is, when
+/// `error_span` is the whole section's: a tagged enum is deserialized from a buffer, which
+/// keeps no positions.
+fn tagged_value_span(
     text: &str,
     table: &toml::Table,
     error_span: Option<std::ops::Range<usize>>,
 ) -> Option<std::ops::Range<usize>> {
     #[derive(Deserialize)]
     struct Spans {
-        problem: toml::Spanned<std::collections::BTreeMap<String, toml::Spanned<toml::Value>>>,
+        problem: Option<SpannedKeys>,
+        task: Option<SpannedKeys>,
+    }
+    /// `[task.reward]` alone: a struct, which toml reads keeping the positions (only where
+    /// it refuses a value is read).
+    #[derive(Deserialize)]
+    #[allow(dead_code)]
+    struct Reward {
+        task: RewardOf,
+    }
+    #[derive(Deserialize)]
+    #[allow(dead_code)]
+    struct RewardOf {
+        reward: task::RewardConfig,
     }
     let spans: Spans = toml::from_str(text).ok()?;
-    if error_span? != spans.problem.span() {
-        return None;
+    let error_span = error_span?;
+    if let Some((_, span)) =
+        refused_key::<ProblemConfig>(spans.problem.as_ref(), table.get("problem"), &error_span)
+    {
+        return Some(span);
     }
-    let problem = table.get("problem")?.as_table()?;
-    let name = problem.get("name")?;
-    let (key, _) = problem.iter().find(|(key, value)| {
+    let (key, span) =
+        refused_key::<TaskConfig>(spans.task.as_ref(), table.get("task"), &error_span)?;
+    if key == "reward" {
+        return toml::from_str::<Reward>(text).err()?.span().or(Some(span));
+    }
+    Some(span)
+}
+
+/// The first key of `section` that `T` refuses when it is tried alone with the name, with
+/// the span of its value, if `error_span` is the whole section's.
+fn refused_key<'a, T: serde::de::DeserializeOwned>(
+    spans: Option<&SpannedKeys>,
+    section: Option<&'a toml::Value>,
+    error_span: &std::ops::Range<usize>,
+) -> Option<(&'a str, std::ops::Range<usize>)> {
+    let spans = spans.filter(|s| s.span() == *error_span)?;
+    let section = section?.as_table()?;
+    let name = section.get(keys::TAG)?;
+    let (key, _) = section.iter().find(|(key, value)| {
         let mut alone = toml::Table::new();
-        alone.insert("name".into(), name.clone());
+        alone.insert(keys::TAG.into(), name.clone());
         alone.insert((*key).clone(), (*value).clone());
-        *key != "name" && alone.try_into::<ProblemConfig>().is_err()
+        *key != keys::TAG && alone.try_into::<T>().is_err()
     })?;
-    Some(spans.problem.get_ref().get(key)?.span())
+    Some((key, spans.get_ref().get(key)?.span()))
 }
 
 /// An ES settings error as a config error: the library names the `[es]` key
@@ -620,12 +603,12 @@ impl Config {
                  per line, [section] headers)",
             )
         })?;
-        check_keys(&table, "", TOP_KEYS)?;
+        check_keys(&table, "", keys::fields::<Config>())?;
         let problem_keys = problem_keys();
         for (name, valid) in [
             ("problem", problem_keys.as_slice()),
-            ("es", ES_KEYS),
-            ("run", RUN_KEYS),
+            ("es", keys::fields::<EsConfig>()),
+            ("run", keys::fields::<RunConfig>()),
         ] {
             match table.get(name) {
                 Some(toml::Value::Table(t)) => check_keys(t, name, valid)?,
@@ -654,7 +637,7 @@ impl Config {
         for (name, v) in [("task", table.get("task")), ("eval", table.get("eval"))] {
             match v {
                 Some(toml::Value::Table(t)) if name == "task" => TaskConfig::check_table(t)?,
-                Some(toml::Value::Table(t)) => check_keys(t, name, EVAL_KEYS)?,
+                Some(toml::Value::Table(t)) => check_keys(t, name, keys::fields::<EvalConfig>())?,
                 Some(_) => {
                     return Err(ConfigError::new(
                         format!("`{name}` must be a table"),
@@ -670,7 +653,7 @@ impl Config {
             // so quote the line it is on.
             let place = place(
                 text,
-                problem_value_span(text, &table, e.span()).or_else(|| e.span()),
+                tagged_value_span(text, &table, e.span()).or_else(|| e.span()),
             );
             ConfigError::new(
                 format!("wrong value in the config{place}: {msg}"),

@@ -23,13 +23,12 @@ use shardes::hlo::problems::qwen2::MAX_LAYERS;
 use shardes::problem::qwen2::{qwen2_model, qwen2_shapes_at_depth};
 use shardes::runtime::{Client, CompileOptions};
 
-use crate::check_task::{timed, BuiltProgram};
 use crate::config::{Config, ConfigError, ProblemConfig};
-use crate::inspect::{at_least_one, check_writable, count_in, problem_shapes};
+use crate::inspect::task::{timed, BuiltProgram};
+use crate::inspect::{at_least_one, check_writable, count_in, mjcf, problem_shapes, task};
 use crate::out::{outln, Stdout};
 use crate::setup;
 use crate::setup::problem_error;
-use crate::{check_mjcf, check_task};
 
 /// Arguments of `shardes diag`.
 #[derive(Debug, Clone, clap::Args)]
@@ -194,12 +193,12 @@ fn measure_program(
 /// for a loss config. Everything is checked before the client starts.
 fn run_programs(config: &Config) -> Result<Option<(String, Vec<DiagEntry>)>> {
     let (es, summary, built) = if config.task.is_some() {
-        let plan = check_task::plan(config)?;
-        let built = check_task::programs(config, &plan)?;
+        let plan = task::plan(config)?;
+        let built = task::programs(config, &plan)?;
         (plan.es, plan.summary, built)
-    } else if check_mjcf::is_mjcf(config)? {
-        let plan = check_mjcf::plan(config)?;
-        let built = check_mjcf::programs(&plan)?;
+    } else if mjcf::is_mjcf(config)? {
+        let plan = mjcf::plan(config)?;
+        let built = mjcf::programs(&plan)?;
         (plan.es, plan.summary, built)
     } else {
         return Ok(None);

@@ -92,25 +92,25 @@ struct Rates {
 
 impl Rates {
     fn of(task: &TaskConfig) -> Rates {
-        if task.reward.is_some() {
+        if task.reward().is_some() {
             // The user's program decides what a reward means.
             return Rates {
                 accuracy: false,
                 format: false,
             };
         }
-        match task.name.as_str() {
+        match task {
             // 1 correct, 0.1 well formed, 0 otherwise.
-            "countdown" => Rates {
+            TaskConfig::Countdown(_) => Rates {
                 accuracy: true,
                 format: true,
             },
             // Exact match: 1 or 0.
-            "jsonl" => Rates {
+            TaskConfig::Jsonl(_) => Rates {
                 accuracy: true,
                 format: false,
             },
-            _ => Rates {
+            TaskConfig::TargetToken(_) => Rates {
                 accuracy: false,
                 format: false,
             },

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use shardes::finetune::{Prompt, PromptBatch, Sampler};
 
-use crate::config::{Config, ConfigError, ProblemConfig, TaskConfig};
+use crate::config::{Config, ConfigError, ProblemConfig, TaskConfig, TaskSection};
 use crate::out::{outln, Stdout};
 use crate::{setup, taskset};
 
@@ -70,10 +70,8 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
             )
         })?;
     }
-    let plain = TaskConfig {
-        name: "target_token".into(),
-        ..TaskConfig::default()
-    };
+    // Prompts given as text need no task: a token-id task with its defaults stands in.
+    let plain = TaskConfig::TargetToken(TaskSection::default());
     let task_cfg = config.task.clone();
     let codec = taskset::codec(&config, task_cfg.as_ref().unwrap_or(&plain))?;
     let batch: Option<PromptBatch> = match (&args.prompt, &task_cfg) {

@@ -2,7 +2,7 @@
 //! comment, that `shardes run` accepts as it is.
 //!
 //! The text is built from the config module, so that it cannot fall behind it: the keys
-//! are its key lists ([`config::TOP_KEYS`], [`config::PROBLEM_VARIANTS`], ...), and the
+//! are the ones its definitions read ([`config::keys`], [`config::problem_reads`], ...), and the
 //! values of keys with a default are read back from a [`Config`] parsed from the few
 //! starting values this module chooses (the keys without a default). Only the comments and
 //! the examples for optional keys live here; a test fails when a key has none.
@@ -22,8 +22,6 @@ use shardes::hlo::es::shaping::SHAPING_NAMES;
 
 /// The problems `--problem` offers (those this build lacks are refused when asked for).
 const PROBLEMS: [&str; 3] = ["transformer_block", "qwen2", "control"];
-/// The tasks `--task` offers.
-const TASKS: [&str; 3] = ["countdown", "jsonl", "target_token"];
 
 /// Arguments of `shardes init`.
 #[derive(Debug, clap::Args)]
@@ -37,7 +35,7 @@ pub struct InitArgs {
           value_parser = PossibleValuesParser::new(PROBLEMS))]
     pub problem: String,
     /// A task that scores the problem's outputs (reward fine-tuning of a language model).
-    #[arg(long, value_name = "TASK", value_parser = PossibleValuesParser::new(TASKS))]
+    #[arg(long, value_name = "TASK", value_parser = PossibleValuesParser::new(config::task_names().iter().copied()))]
     pub task: Option<String>,
 }
 
@@ -307,7 +305,7 @@ fn doc(section: &str, key: &str, problem: &str) -> Option<(String, Option<String
             format!(
                 "The task: {}. Each generation every member decodes the task's prompts; the \
                  rewards of the text, negated, are the fitness.",
-                config::TASK_NAMES.join(", ")
+                config::task_names().join(", ")
             ),
             None,
         )),
@@ -383,18 +381,15 @@ fn doc(section: &str, key: &str, problem: &str) -> Option<(String, Option<String
 /// The keys of `section` for `problem` (and `task`), in the config's order.
 fn keys(section: &str, problem: &str, task: Option<&str>) -> Vec<&'static str> {
     match section {
-        "" => config::TOP_KEYS
+        "" => config::keys::fields::<Config>()
             .iter()
             .copied()
             .filter(|k| !SECTIONS.contains(k) && !TASK_SECTIONS.contains(k))
             .collect(),
         "task" => config::task_keys(task.unwrap_or("")),
-        "eval" => config::EVAL_KEYS.to_vec(),
+        "eval" => config::keys::fields::<config::EvalConfig>().to_vec(),
         "problem" => {
-            let own = config::PROBLEM_VARIANTS
-                .iter()
-                .find(|(n, _)| *n == problem)
-                .map_or(&[][..], |(_, ks)| *ks);
+            let own = config::problem_reads(problem);
             // A task gives the prompts: no teacher-forcing keys.
             let forced = |k: &&str| task.is_some() && ["batch", "seq", "data"].contains(k);
             std::iter::once("name")
@@ -402,12 +397,12 @@ fn keys(section: &str, problem: &str, task: Option<&str>) -> Vec<&'static str> {
                 .collect()
         }
         // A qwen2 starter sets its dtype as problem.compute_dtype, the same setting.
-        "es" => config::ES_KEYS
+        "es" => config::keys::fields::<config::EsConfig>()
             .iter()
             .copied()
             .filter(|k| problem != "qwen2" || *k != "compute_dtype")
             .collect(),
-        _ => config::RUN_KEYS.to_vec(),
+        _ => config::keys::fields::<config::RunConfig>().to_vec(),
     }
 }
 
@@ -447,10 +442,10 @@ fn check_available(problem: &str, task: Option<&str>) -> Result<(), ConfigError>
         ));
     }
     if let Some(task) = task {
-        if !config::TASK_NAMES.contains(&task) {
+        if !config::task_names().contains(&task) {
             return Err(ConfigError::new(
                 format!("--task {task}: not available in this build yet"),
-                format!("available tasks: {}", config::TASK_NAMES.join(", ")),
+                format!("available tasks: {}", config::task_names().join(", ")),
             ));
         }
         if problem != "qwen2" {
@@ -580,8 +575,8 @@ mod tests {
 
     /// Every problem alone, and qwen2 with each task.
     fn cases() -> Vec<(&'static str, Option<&'static str>)> {
-        let mut v: Vec<_> = config::problems().into_iter().map(|p| (p, None)).collect();
-        v.extend(config::TASK_NAMES.iter().map(|t| ("qwen2", Some(*t))));
+        let mut v: Vec<_> = config::problems().iter().map(|p| (*p, None)).collect();
+        v.extend(config::task_names().iter().map(|t| ("qwen2", Some(*t))));
         v
     }
 

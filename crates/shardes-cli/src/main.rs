@@ -12,18 +12,12 @@ use clap::{CommandFactory, Parser, Subcommand};
 use shardes::runtime::RuntimeError;
 
 mod bench;
-mod bench_control;
-mod bench_decode;
-mod bench_qwen2;
-mod check_mjcf;
-mod check_task;
 mod completions;
 mod config;
 mod diag;
 mod estimate;
 mod eval;
 mod export;
-mod findings;
 mod generate;
 mod init;
 mod inspect;

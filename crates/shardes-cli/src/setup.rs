@@ -20,7 +20,7 @@ use shardes::{Problem, ProblemError, Qwen2Source, Qwen2Weights};
 
 use shardes::host_control::{HostControl, MjcfControl};
 use shardes::mjcf::MjcfError;
-use shardes::runtime::mujoco::MujocoError;
+use shardes::mujoco::MujocoError;
 
 use crate::config::{
     control, control_mjcf, es_error, quadratic, transformer_block, Config, ConfigError,

@@ -35,7 +35,7 @@ pub fn task_error(e: TaskError) -> anyhow::Error {
 /// The reward program of `[task.reward]`, checked (it exists and is executable) but not
 /// started: it starts at the first batch it scores.
 fn reward_command(t: &TaskConfig) -> Result<Option<RewardCommand>> {
-    let Some(r) = &t.reward else {
+    let Some(r) = t.reward() else {
         return Ok(None);
     };
     let command = RewardCommand::new(r.spec()?).map_err(|e| {
@@ -59,37 +59,37 @@ fn text_task<T: Task + 'static>(task: T, command: Option<RewardCommand>) -> Box<
 /// The task of `t`; `vocab` is the model's vocabulary (for `target_token`).
 pub fn task(t: &TaskConfig, vocab: usize) -> Result<Box<dyn RewardTask>> {
     let command = reward_command(t)?;
-    Ok(match t.name.as_str() {
-        "countdown" => {
-            let d = CountdownConfig::default();
-            let style = match t.style.as_deref() {
+    Ok(match t {
+        TaskConfig::Countdown(s) => {
+            let (d, own) = (CountdownConfig::default(), &s.own);
+            let style = match own.style.as_deref() {
                 Some("base") => PromptStyle::Base,
                 Some("compact") => PromptStyle::Compact,
                 _ => PromptStyle::Instruction,
             };
             let c = CountdownConfig {
-                min_numbers: t.min_numbers.unwrap_or(d.min_numbers),
-                max_numbers: t.max_numbers.unwrap_or(d.max_numbers),
-                min_number: t.min_number.unwrap_or(d.min_number),
-                max_number: t.max_number.unwrap_or(d.max_number),
-                max_target: t.max_target.unwrap_or(d.max_target),
-                eval_seed: t.eval_seed.unwrap_or(d.eval_seed),
+                min_numbers: own.min_numbers.unwrap_or(d.min_numbers),
+                max_numbers: own.max_numbers.unwrap_or(d.max_numbers),
+                min_number: own.min_number.unwrap_or(d.min_number),
+                max_number: own.max_number.unwrap_or(d.max_number),
+                max_target: own.max_target.unwrap_or(d.max_target),
+                eval_seed: own.eval_seed.unwrap_or(d.eval_seed),
                 prompt: style,
             };
             text_task(CountdownTask::new(c).map_err(task_error)?, command)
         }
-        "jsonl" => {
-            let train = t.train.as_deref().ok_or_else(|| {
+        TaskConfig::Jsonl(s) => {
+            let train = s.own.train.as_deref().ok_or_else(|| {
                 ConfigError::new(
                     "task \"jsonl\" needs task.train",
                     "set task.train = \"FILE\"",
                 )
             })?;
-            let task = JsonlTask::open(train, t.held_out.as_deref()).map_err(task_error)?;
+            let task = JsonlTask::open(train, s.own.held_out.as_deref()).map_err(task_error)?;
             text_task(task, command)
         }
-        "target_token" => {
-            let token = t.token.ok_or_else(|| {
+        TaskConfig::TargetToken(s) => {
+            let token = s.own.token.ok_or_else(|| {
                 ConfigError::new("task \"target_token\" needs task.token", "set task.token")
             })?;
             let vocab = u32::try_from(vocab).unwrap_or(u32::MAX);
@@ -97,17 +97,10 @@ pub fn task(t: &TaskConfig, vocab: usize) -> Result<Box<dyn RewardTask>> {
                 TargetToken::new(TargetTokenConfig {
                     token,
                     vocab,
-                    prompt_tokens: t.prompt_tokens.unwrap_or(4),
+                    prompt_tokens: s.own.prompt_tokens.unwrap_or(4),
                 })
                 .map_err(task_error)?,
             )
-        }
-        other => {
-            return Err(ConfigError::new(
-                format!("task.name: unknown task \"{other}\""),
-                "use countdown, jsonl or target_token",
-            )
-            .into())
         }
     })
 }
@@ -146,12 +139,11 @@ pub fn codec(config: &Config, t: &TaskConfig) -> Result<TextCodec> {
         })?,
         (None, None) => None,
     };
-    let text_task = t.name != "target_token";
-    if text_task && tokenizer.is_none() {
+    if t.text() && tokenizer.is_none() {
         return Err(ConfigError::new(
             format!(
                 "task \"{}\" has text prompts but the problem has no tokenizer",
-                t.name
+                t.name()
             ),
             "set problem.tokenizer, or use a checkpoint directory with a tokenizer.json",
         )

@@ -28,9 +28,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sha2::{Digest, Sha256};
 
-use crate::client::Client;
 use crate::error::RuntimeError;
-use crate::executable::{CompileOptions, Executable};
 
 /// The environment variable naming the cache directory ([`CompileCache::from_env`]).
 pub const CACHE_ENV: &str = "SHARDES_COMPILE_CACHE";
@@ -90,57 +88,37 @@ impl CompileCache {
         )
     }
 
-    /// The file that holds (or would hold) `mlir` compiled with `options` on `client`;
-    /// `None` when the plugin file cannot be identified, and then nothing is cached.
-    pub fn entry_path(
-        &self,
-        client: &Client,
-        mlir: &str,
-        options: &CompileOptions,
-    ) -> Option<PathBuf> {
-        Some(self.path(&Self::key(client, mlir, &options.to_proto_bytes())?))
-    }
-
     /// The directory the entries live in.
     pub fn dir(&self) -> &Path {
         &self.dir
     }
 
     /// The entry's file name for `mlir` compiled with `options` (serialized
-    /// `CompileOptionsProto`) on `client`, or `None` when the plugin file cannot be
-    /// identified (then nothing is cached).
-    pub(crate) fn key(client: &Client, mlir: &str, options: &[u8]) -> Option<String> {
-        let plugin = client.plugin();
-        let meta = std::fs::metadata(plugin.path()).ok()?;
-        let mtime = meta
-            .modified()
-            .ok()?
-            .duration_since(UNIX_EPOCH)
-            .ok()?
-            .as_nanos();
+    /// `CompileOptionsProto`) for `target` (the client's plugin and devices).
+    pub(crate) fn key(target: &BuildTarget<'_>, mlir: &str, options: &[u8]) -> String {
         let mut h = Sha256::new();
         let mut field = |bytes: &[u8]| {
             h.update((bytes.len() as u64).to_le_bytes());
             h.update(bytes);
         };
         field(MAGIC);
-        field(plugin.path().to_string_lossy().as_bytes());
-        field(&meta.len().to_le_bytes());
-        field(&mtime.to_le_bytes());
-        let (major, minor) = plugin.api_version();
+        field(target.plugin_path.to_string_lossy().as_bytes());
+        field(&target.plugin_len.to_le_bytes());
+        field(&target.plugin_mtime_ns.to_le_bytes());
+        let (major, minor) = target.api_version;
         field(&major.to_le_bytes());
         field(&minor.to_le_bytes());
-        field(plugin.xla_version().unwrap_or_default().as_bytes());
-        field(client.platform_name().as_bytes());
-        field(&(client.device_count() as u64).to_le_bytes());
-        for d in client.devices() {
-            field(d.kind.as_bytes());
+        field(target.xla_version.as_bytes());
+        field(target.platform.as_bytes());
+        field(&(target.device_count as u64).to_le_bytes());
+        for kind in &target.device_kinds {
+            field(kind.as_bytes());
         }
         field(host_cpu().as_bytes());
         field(options);
         field(mlir.as_bytes());
         let digest = h.finalize();
-        Some(digest.iter().map(|b| format!("{b:02x}")).collect())
+        digest.iter().map(|b| format!("{b:02x}")).collect()
     }
 
     /// Waits until no other thread of this process is compiling entry `key`, then holds it
@@ -159,13 +137,15 @@ impl CompileCache {
         }
     }
 
-    fn path(&self, key: &str) -> PathBuf {
+    /// The file of entry `key`.
+    pub(crate) fn path(&self, key: &str) -> PathBuf {
         self.dir.join(format!("{key}.pjrt"))
     }
 
-    /// The entry `key` loaded on `client`, or `None` when there is none or it is damaged
-    /// or refused (the caller compiles then, and [`CompileCache::store`] replaces it).
-    pub(crate) fn load(&self, client: &Client, key: &str) -> Option<Executable> {
+    /// Entry `key`'s payload opened by `open` (the client's `deserialize`), or `None` when
+    /// there is none, it is damaged, or `open` refuses it (the caller compiles then, and
+    /// [`CompileCache::store`] replaces it).
+    pub(crate) fn load<T>(&self, key: &str, open: impl FnOnce(&[u8]) -> Option<T>) -> Option<T> {
         let path = self.path(key);
         let file = std::fs::read(&path).ok()?;
         let rest = file.strip_prefix(MAGIC)?;
@@ -176,7 +156,7 @@ impl CompileCache {
         if Sha256::digest(payload).as_slice() != digest {
             return None;
         }
-        let exe = client.deserialize(payload).ok()?;
+        let exe = open(payload)?;
         // Marks the entry used for the bound's eviction; failing to only makes it older.
         if let Ok(f) = std::fs::File::options().append(true).open(&path) {
             let _ = f.set_modified(SystemTime::now());
@@ -184,13 +164,10 @@ impl CompileCache {
         Some(exe)
     }
 
-    /// Writes `exe` as entry `key`, then trims the directory to the bound ([`Self::trim`]).
-    /// Failing to write (a read-only or full disk) only means the next compile is not
-    /// saved; the caller goes on with `exe`.
-    pub(crate) fn store(&self, key: &str, exe: &Executable) -> std::io::Result<()> {
-        let payload = exe
-            .serialize()
-            .map_err(|e| std::io::Error::other(e.to_string()))?;
+    /// Writes `payload` (a serialized executable) as entry `key`, then trims the directory
+    /// to the bound ([`Self::trim`]). Failing to write (a read-only or full disk) only means
+    /// the next compile is not saved; the caller goes on with its executable.
+    pub(crate) fn store(&self, key: &str, payload: &[u8]) -> std::io::Result<()> {
         let size = (MAGIC.len() + 32 + payload.len()) as u64;
         if size > self.max_bytes {
             return Ok(());
@@ -205,8 +182,8 @@ impl CompileCache {
         let written = (|| {
             let mut f = std::fs::File::create(&tmp)?;
             f.write_all(MAGIC)?;
-            f.write_all(&Sha256::digest(&payload))?;
-            f.write_all(&payload)?;
+            f.write_all(&Sha256::digest(payload))?;
+            f.write_all(payload)?;
             f.sync_all()?;
             std::fs::rename(&tmp, self.path(key))
         })();
@@ -259,6 +236,29 @@ impl CompileCache {
         }
         Ok(())
     }
+}
+
+/// What, besides the program and its options, decides what a plugin builds: the plugin
+/// file (path, size, modification time) and versions, the platform and the devices
+/// (gathered from a client by `Client::build_target`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct BuildTarget<'a> {
+    /// The plugin file.
+    pub plugin_path: &'a Path,
+    /// Its size in bytes.
+    pub plugin_len: u64,
+    /// Its modification time, in nanoseconds since the Unix epoch.
+    pub plugin_mtime_ns: u128,
+    /// The PJRT API version it implements (major, minor).
+    pub api_version: (i32, i32),
+    /// Its XLA version (empty when it does not say).
+    pub xla_version: String,
+    /// The client's platform name.
+    pub platform: String,
+    /// The number of the client's devices.
+    pub device_count: usize,
+    /// The kind of each of the client's devices, in order.
+    pub device_kinds: Vec<String>,
 }
 
 /// The entries being compiled by this process's threads, and the turn they wait on.

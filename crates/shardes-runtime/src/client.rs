@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use crate::api::{lossy, pjrt_args, pjrt_call};
 use crate::buffer::Buffer;
-use crate::cache::CompileCache;
+use crate::cache::{BuildTarget, CompileCache};
 use crate::dtype::Element;
 use crate::error::{Result, RuntimeError};
 use crate::ffi;
@@ -136,6 +136,28 @@ impl Client {
     /// The compile cache [`Client::compile`] uses, if any.
     pub fn compile_cache(&self) -> Option<&CompileCache> {
         self.cache.as_ref()
+    }
+
+    /// What decides what this client's plugin builds, besides the program and its options
+    /// (the compile cache's key); `None` when the plugin file cannot be identified.
+    pub(crate) fn build_target(&self) -> Option<BuildTarget<'_>> {
+        let plugin = self.plugin();
+        let meta = std::fs::metadata(plugin.path()).ok()?;
+        let mtime = meta
+            .modified()
+            .ok()?
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()?;
+        Some(BuildTarget {
+            plugin_path: plugin.path(),
+            plugin_len: meta.len(),
+            plugin_mtime_ns: mtime.as_nanos(),
+            api_version: plugin.api_version(),
+            xla_version: plugin.xla_version().unwrap_or_default(),
+            platform: self.platform_name(),
+            device_count: self.device_count(),
+            device_kinds: self.devices().into_iter().map(|d| d.kind).collect(),
+        })
     }
 
     /// The plugin this client runs on.

@@ -1,5 +1,6 @@
 //! Compiling StableHLO programs and running them.
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 
@@ -162,17 +163,26 @@ impl Client {
         let Some(cache) = &self.cache else {
             return self.compile_uncached(mlir, options);
         };
-        let Some(key) = CompileCache::key(self, mlir, &options.to_proto_bytes()) else {
+        let Some(key) = self.cache_key(mlir, options) else {
             return self.compile_uncached(mlir, options);
         };
         let _turn = CompileCache::claim(&key);
-        if let Some(exe) = cache.load(self, &key) {
+        if let Some(exe) = cache.load(&key, |bytes| self.deserialize(bytes).ok()) {
             return Ok(exe);
         }
         let exe = self.compile_uncached(mlir, options)?;
         // A cache that cannot be written costs the next run a compile, nothing else.
-        let _ = cache.store(&key, &exe);
+        if let Ok(bytes) = exe.serialize() {
+            let _ = cache.store(&key, &bytes);
+        }
         Ok(exe)
+    }
+
+    /// The compile cache's key for `mlir` compiled with `options` on this client, or `None`
+    /// when the plugin file cannot be identified (then nothing is cached).
+    fn cache_key(&self, mlir: &str, options: &CompileOptions) -> Option<String> {
+        let target = self.build_target()?;
+        Some(CompileCache::key(&target, mlir, &options.to_proto_bytes()))
     }
 
     /// Compiles StableHLO MLIR text with the plugin, never through the compile cache (what a
@@ -219,6 +229,19 @@ impl Client {
         // SAFETY: `bytes` outlives the call; the plugin copies what it keeps.
         unsafe { pjrt_call!(&*inner.plugin, PJRT_Executable_DeserializeAndLoad, &mut a)? };
         Executable::own(inner, a.loaded_executable)
+    }
+}
+
+impl CompileCache {
+    /// The file that holds (or would hold) `mlir` compiled with `options` on `client`;
+    /// `None` when the plugin file cannot be identified, and then nothing is cached.
+    pub fn entry_path(
+        &self,
+        client: &Client,
+        mlir: &str,
+        options: &CompileOptions,
+    ) -> Option<PathBuf> {
+        Some(self.path(&client.cache_key(mlir, options)?))
     }
 }
 

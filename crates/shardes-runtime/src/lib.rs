@@ -74,7 +74,6 @@ mod handle;
 mod hlo;
 pub mod host_alloc;
 mod memory;
-pub mod mujoco;
 mod pinned;
 pub mod plugin;
 mod proto;

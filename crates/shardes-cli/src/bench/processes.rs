@@ -14,7 +14,7 @@ use shardes::population::Phases;
 use shardes::population::Place;
 use shardes::SplitTrainer;
 
-use super::{parse_how, BenchArgs};
+use super::{parse_how, print_report, BenchArgs};
 use crate::config::Config;
 use crate::run::processes::Group;
 
@@ -143,12 +143,7 @@ pub fn run(args: &BenchArgs, config: &Config, mut group: Group) -> Result<()> {
         variants,
     };
     if group.is_lead() {
-        print!("{}", table(&report));
-        if let Some(path) = &args.json {
-            let text = serde_json::to_string_pretty(&report)?;
-            std::fs::write(path, text)
-                .with_context(|| format!("writing the JSON report to {}", path.display()))?;
-        }
+        print_report(args, &table(&report), &report)?;
     }
     group.finish();
     Ok(())

@@ -52,25 +52,42 @@ pub fn control(problem: &ProblemConfig, shaping: ShapingSpec) -> Result<Control,
         ));
     }
     let env = control_env(env.as_deref())?;
-    let hidden = hidden.clone().unwrap_or_else(|| vec![32, 32]);
-    let c = Control::new(
-        env,
+    let (episodes, episode_length, hidden) = policy(*episodes, *episode_length, hidden);
+    let c = Control::new(env, episodes, episode_length, &hidden).map_err(policy_error)?;
+    Ok(c.with_fitness(fitness(shaping)))
+}
+
+/// `episodes`, `episode_length` and `hidden` of either control problem, with the defaults
+/// for unset keys.
+fn policy(
+    episodes: Option<usize>,
+    episode_length: Option<usize>,
+    hidden: &Option<Vec<usize>>,
+) -> (usize, usize, Vec<usize>) {
+    (
         episodes.unwrap_or(4),
         episode_length.unwrap_or(200),
-        &hidden,
+        hidden.clone().unwrap_or_else(|| vec![32, 32]),
     )
-    .map_err(|e| {
-        ConfigError::new(
-            format!("problem.{e}"),
-            "episodes and episode_length must be at least 1, every hidden size at least 1 \
-             (hidden = [] is a linear policy)",
-        )
-    })?;
-    Ok(c.with_fitness(if shaping == ShapingSpec::GroupRelative {
+}
+
+/// Either control problem's refusal of its settings, as a config error naming the key.
+fn policy_error(e: impl std::fmt::Display) -> ConfigError {
+    ConfigError::new(
+        format!("problem.{e}"),
+        "episodes and episode_length must be at least 1, every hidden size at least 1 \
+         (hidden = [] is a linear policy)",
+    )
+}
+
+/// The fitness `shaping` ranks: per episode for `group_relative`, else the mean over the
+/// episodes.
+fn fitness(shaping: ShapingSpec) -> Fitness {
+    if shaping == ShapingSpec::GroupRelative {
         Fitness::PerEpisode
     } else {
         Fitness::Mean
-    }))
+    }
 }
 
 /// The quadratic of a `quadratic` `[problem]`, with the defaults for unset keys (`rows`
@@ -127,27 +144,10 @@ pub fn control_mjcf(
              simulated on the host",
         ));
     }
-    let hidden = hidden.clone().unwrap_or_else(|| vec![32, 32]);
-    let c = MjcfControl::new(
-        mjcf.clone(),
-        episodes.unwrap_or(4),
-        episode_length.unwrap_or(200),
-        &hidden,
-    )
-    .map_err(|e| {
-        ConfigError::new(
-            format!("problem.{e}"),
-            "episodes and episode_length must be at least 1, every hidden size at least 1 \
-             (hidden = [] is a linear policy)",
-        )
-    })?;
-    Ok(Some(c.with_fitness(
-        if shaping == ShapingSpec::GroupRelative {
-            Fitness::PerEpisode
-        } else {
-            Fitness::Mean
-        },
-    )))
+    let (episodes, episode_length, hidden) = policy(*episodes, *episode_length, hidden);
+    let c =
+        MjcfControl::new(mjcf.clone(), episodes, episode_length, &hidden).map_err(policy_error)?;
+    Ok(Some(c.with_fitness(fitness(shaping))))
 }
 
 /// The environment `problem.env` names, or the error listing the valid ones.

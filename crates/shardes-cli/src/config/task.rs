@@ -19,73 +19,52 @@
 //! prompts = 64             # held-out prompts per evaluation
 //! ```
 
+use std::ops::Deref;
 use std::path::PathBuf;
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use super::keys::{self, TAG};
 use super::{nearest, ConfigError};
 
-/// The task names, for errors.
-pub const TASK_NAMES: &[&str] = &["countdown", "jsonl", "target_token"];
-
-/// `[task]` keys every task reads.
-const COMMON: &[&str] = &[
-    "name",
-    "prompts",
-    "prompt_len",
-    "max_new_tokens",
-    "chat",
-    "system",
-    "response_prefix",
-    "temperature",
-    "top_p",
-    "eos",
-];
-
-/// Each task's own keys.
-const OWN: &[(&str, &[&str])] = &[
-    (
-        "countdown",
-        &[
-            "min_numbers",
-            "max_numbers",
-            "min_number",
-            "max_number",
-            "max_target",
-            "eval_seed",
-            "style",
-        ],
-    ),
-    ("jsonl", &["train", "held_out"]),
-    ("target_token", &["token", "prompt_tokens"]),
-];
-
-/// The `[task]` keys `name` reads (common keys first), in the config's order; empty for
-/// an unknown name.
-pub fn task_keys(name: &str) -> Vec<&'static str> {
-    match OWN.iter().find(|(n, _)| *n == name) {
-        Some((_, own)) => COMMON.iter().chain(own.iter()).copied().collect(),
-        None => Vec::new(),
-    }
+/// `[task]`: one variant per task, chosen by `name`, so that a task's name and its keys
+/// are one definition. Each holds the settings every task reads, the task's own keys and
+/// the reward program, written in that order (the order earlier builds wrote, which the
+/// trajectory hash depends on).
+///
+/// A key that the named task does not read is refused before serde, with the list of keys
+/// it does read ([`TaskConfig::check_table`]). Unset keys stay `None` (the resolved config
+/// and the trajectory hash record what the user wrote); the accessors give the defaults.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "name", rename_all = "snake_case")]
+pub enum TaskConfig {
+    /// `countdown`: TinyZero's arithmetic puzzles.
+    Countdown(TaskSection<CountdownKeys>),
+    /// `jsonl`: prompts and answers from JSONL files.
+    Jsonl(TaskSection<JsonlKeys>),
+    /// `target_token`: random prompts, rewarded by how often one token id is generated.
+    TargetToken(TaskSection<TargetTokenKeys>),
 }
 
-/// The tasks with text completions, which `[task.reward]` may score.
-const REWARD_TASKS: &[&str] = &["countdown", "jsonl"];
+/// The `[task]` section of a task whose own keys are `K`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct TaskSection<K> {
+    /// The keys every task reads.
+    #[serde(flatten)]
+    pub settings: TaskSettings,
+    /// The task's own keys.
+    #[serde(flatten)]
+    pub own: K,
+    /// `[task.reward]`: a reward program instead of the task's built-in reward.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reward: Option<RewardConfig>,
+}
 
-/// `[task.reward]` keys.
-pub const REWARD_KEYS: &[&str] = &["command", "timeout_s", "restarts"];
-
-/// `[eval]` keys.
-pub const EVAL_KEYS: &[&str] = &["every", "prompts", "samples"];
-
-/// `[task]`: the prompts and the reward. Unset keys stay `None` (the resolved config and
-/// the trajectory hash record what the user wrote); [`TaskConfig`]'s accessors give the
-/// defaults.
+/// The `[task]` keys every task reads ([`TaskConfig`]'s accessors give the defaults).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 #[serde(deny_unknown_fields)]
-pub struct TaskConfig {
-    /// `countdown`, `jsonl` or `target_token`.
-    pub name: String,
+pub struct TaskSettings {
     /// Training prompts per generation (default 8).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompts: Option<usize>,
@@ -115,43 +94,156 @@ pub struct TaskConfig {
     /// End-of-sequence ids (default: `generation_config.json`'s, else `config.json`'s).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eos: Option<Vec<u32>>,
-    /// countdown: fewest numbers per puzzle (default 3).
+}
+
+/// What a task's own keys tell the code that is the same for every task.
+pub trait OwnKeys {
+    /// Whether the completions are text, which `[task.reward]` may score (else token ids).
+    fn text(&self) -> bool {
+        true
+    }
+    /// The checks serde cannot make.
+    fn check(&self) -> Result<(), ConfigError> {
+        Ok(())
+    }
+    /// The files whose contents the trajectory depends on, by key.
+    fn input_files(&self) -> Vec<(String, PathBuf)> {
+        Vec::new()
+    }
+}
+
+/// `countdown`'s own keys.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct CountdownKeys {
+    /// Fewest numbers per puzzle (default 3).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_numbers: Option<usize>,
-    /// countdown: most numbers per puzzle (default 4).
+    /// Most numbers per puzzle (default 4).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_numbers: Option<usize>,
-    /// countdown: smallest number (default 1).
+    /// Smallest number (default 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_number: Option<u32>,
-    /// countdown: largest number (default 99).
+    /// Largest number (default 99).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_number: Option<u32>,
-    /// countdown: targets lie in 1..=max_target (default 100).
+    /// Targets lie in 1..=max_target (default 100).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_target: Option<i64>,
-    /// countdown: seed of the held-out puzzles (default 0).
+    /// Seed of the held-out puzzles (default 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eval_seed: Option<u64>,
-    /// countdown: `instruction` (default; for Instruct models, with `chat = true`), `base`
-    /// (TinyZero's framing for base models) or `compact` (a one-line prompt for tiny models).
+    /// `instruction` (default; for Instruct models, with `chat = true`), `base` (TinyZero's
+    /// framing for base models) or `compact` (a one-line prompt for tiny models).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub style: Option<String>,
-    /// jsonl: the training file (`{"prompt": ..., "answer": ...}` per line).
+}
+
+impl OwnKeys for CountdownKeys {
+    fn check(&self) -> Result<(), ConfigError> {
+        match &self.style {
+            Some(style) if !["instruction", "base", "compact"].contains(&style.as_str()) => {
+                Err(ConfigError::new(
+                    format!("task.style = \"{style}\""),
+                    "use \"instruction\", \"base\" or \"compact\"",
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// `jsonl`'s own keys.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct JsonlKeys {
+    /// The training file (`{"prompt": ..., "answer": ...}` per line).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub train: Option<PathBuf>,
-    /// jsonl: the held-out file (default: the training file's lines marked held out).
+    /// The held-out file (default: the training file's lines marked held out).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held_out: Option<PathBuf>,
-    /// target_token: the id whose frequency in a completion is its reward.
+}
+
+impl OwnKeys for JsonlKeys {
+    fn check(&self) -> Result<(), ConfigError> {
+        match self.train {
+            None => Err(ConfigError::new(
+                "task \"jsonl\" needs task.train",
+                "set task.train to a JSONL file with one {\"prompt\": ..., \"answer\": ...} per line",
+            )),
+            Some(_) => Ok(()),
+        }
+    }
+    fn input_files(&self) -> Vec<(String, PathBuf)> {
+        let mut files = Vec::new();
+        if let Some(p) = &self.train {
+            files.push(("task.train".to_string(), p.clone()));
+        }
+        if let Some(p) = &self.held_out {
+            files.push(("task.held_out".to_string(), p.clone()));
+        }
+        files
+    }
+}
+
+/// `target_token`'s own keys.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct TargetTokenKeys {
+    /// The id whose frequency in a completion is its reward.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<u32>,
-    /// target_token: tokens per (random) prompt (default 4).
+    /// Tokens per (random) prompt (default 4).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_tokens: Option<usize>,
-    /// `[task.reward]`: a reward program instead of the task's built-in reward.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reward: Option<RewardConfig>,
+}
+
+impl OwnKeys for TargetTokenKeys {
+    fn text(&self) -> bool {
+        false
+    }
+    fn check(&self) -> Result<(), ConfigError> {
+        match self.token {
+            None => Err(ConfigError::new(
+                "task \"target_token\" needs task.token",
+                "set task.token to the id whose frequency is the reward",
+            )),
+            Some(_) => Ok(()),
+        }
+    }
+}
+
+/// A task's section as the code that is the same for every task reads it.
+struct Parts<'a> {
+    settings: &'a TaskSettings,
+    own: &'a dyn OwnKeys,
+    /// The own keys, in the order they are written.
+    own_keys: &'static [&'static str],
+    reward: Option<&'a RewardConfig>,
+}
+
+impl<K: OwnKeys + DeserializeOwned> TaskSection<K> {
+    fn parts(&self) -> Parts<'_> {
+        Parts {
+            settings: &self.settings,
+            own: &self.own,
+            own_keys: keys::fields::<K>(),
+            reward: self.reward.as_ref(),
+        }
+    }
+}
+
+/// The task names, in [`TaskConfig`]'s order.
+pub fn task_names() -> &'static [&'static str] {
+    keys::variants::<TaskConfig>()
+}
+
+/// The `[task]` keys the task `name` reads (`name` and the keys every task reads first), in
+/// the config's order; empty for an unknown name.
+pub fn task_keys(name: &str) -> Vec<&'static str> {
+    keys::named::<TaskConfig>(name).map_or_else(Vec::new, |t| t.keys())
 }
 
 /// `[task.reward]`: a program of the user's scores the completions
@@ -235,6 +327,41 @@ impl Default for EvalConfig {
 const MAX_DIM: usize = 1 << 20;
 
 impl TaskConfig {
+    /// The task's section as the code that is the same for every task reads it: the one
+    /// match over the tasks that code goes through.
+    fn parts(&self) -> Parts<'_> {
+        match self {
+            TaskConfig::Countdown(s) => s.parts(),
+            TaskConfig::Jsonl(s) => s.parts(),
+            TaskConfig::TargetToken(s) => s.parts(),
+        }
+    }
+
+    /// The task's `name`.
+    pub fn name(&self) -> &'static str {
+        keys::name_of(self)
+    }
+
+    /// `[task.reward]`, if set.
+    pub fn reward(&self) -> Option<&RewardConfig> {
+        self.parts().reward
+    }
+
+    /// Whether the task's completions are text (else token ids).
+    pub fn text(&self) -> bool {
+        self.parts().own.text()
+    }
+
+    /// The `[task]` keys this task reads besides `reward`: `name`, the keys every task
+    /// reads, then its own, in the config's order.
+    pub fn keys(&self) -> Vec<&'static str> {
+        let own = self.parts().own_keys;
+        std::iter::once(TAG)
+            .chain(keys::fields::<TaskSettings>().iter().copied())
+            .chain(own.iter().copied())
+            .collect()
+    }
+
     /// Training prompts per generation.
     pub fn prompts(&self) -> usize {
         self.prompts.unwrap_or(8)
@@ -263,37 +390,38 @@ impl TaskConfig {
     /// Refuses a key of the raw `[task]` table that the named task does not read, and an
     /// unknown name (with the nearest one).
     pub(crate) fn check_table(table: &toml::Table) -> Result<(), ConfigError> {
-        let Some(name) = table.get("name").and_then(toml::Value::as_str) else {
+        let names = task_names();
+        let Some(name) = table.get(TAG).and_then(toml::Value::as_str) else {
             return Err(ConfigError::new(
                 "task.name is missing",
-                format!("set task.name to one of: {}", TASK_NAMES.join(", ")),
+                format!("set task.name to one of: {}", names.join(", ")),
             ));
         };
-        let Some((_, own)) = OWN.iter().find(|(n, _)| *n == name) else {
-            let hint = match nearest(name, TASK_NAMES) {
-                Some(n) => format!("did you mean \"{n}\"? tasks: {}", TASK_NAMES.join(", ")),
-                None => format!("tasks: {}", TASK_NAMES.join(", ")),
+        let Some(task) = keys::named::<TaskConfig>(name) else {
+            let hint = match nearest(name, names) {
+                Some(n) => format!("did you mean \"{n}\"? tasks: {}", names.join(", ")),
+                None => format!("tasks: {}", names.join(", ")),
             };
             return Err(ConfigError::new(
                 format!("task.name: unknown task \"{name}\""),
                 hint,
             ));
         };
-        let every: Vec<&str> = COMMON
+        let reads = task.keys();
+        let every: Vec<&str> = names
             .iter()
-            .chain(OWN.iter().flat_map(|(_, k)| k.iter()))
-            .copied()
+            .filter_map(|n| keys::named::<TaskConfig>(n))
+            .flat_map(|t| t.keys())
             .collect();
         for key in table.keys() {
             let k = key.as_str();
-            if COMMON.contains(&k) || own.contains(&k) {
+            if reads.contains(&k) {
                 continue;
             }
             if k == "reward" {
-                check_reward_table(name, &table[k])?;
+                check_reward_table(&task, &table[k])?;
                 continue;
             }
-            let reads: Vec<&str> = COMMON.iter().chain(own.iter()).copied().collect();
             if every.contains(&k) {
                 return Err(ConfigError::new(
                     format!("task.{k} does not apply to task \"{name}\""),
@@ -311,7 +439,7 @@ impl TaskConfig {
 
     /// Range checks of the values.
     pub(crate) fn check(&self) -> Result<(), ConfigError> {
-        if let Some(r) = &self.reward {
+        if let Some(r) = self.reward() {
             r.spec()?;
         }
         for (key, v) in [
@@ -346,51 +474,41 @@ impl TaskConfig {
                 "set task.temperature above 0 to sample, or remove task.top_p",
             ));
         }
-        if let Some(style) = &self.style {
-            if !["instruction", "base", "compact"].contains(&style.as_str()) {
-                return Err(ConfigError::new(
-                    format!("task.style = \"{style}\""),
-                    "use \"instruction\", \"base\" or \"compact\"",
-                ));
-            }
-        }
-        match self.name.as_str() {
-            "jsonl" if self.train.is_none() => Err(ConfigError::new(
-                "task \"jsonl\" needs task.train",
-                "set task.train to a JSONL file with one {\"prompt\": ..., \"answer\": ...} per line",
-            )),
-            "target_token" if self.token.is_none() => Err(ConfigError::new(
-                "task \"target_token\" needs task.token",
-                "set task.token to the id whose frequency is the reward",
-            )),
-            _ => Ok(()),
-        }
+        self.parts().own.check()
     }
 
     /// The files whose contents the trajectory depends on, by key.
     pub fn input_files(&self) -> Vec<(String, PathBuf)> {
-        let mut files = Vec::new();
-        if let Some(p) = &self.train {
-            files.push(("task.train".to_string(), p.clone()));
-        }
-        if let Some(p) = &self.held_out {
-            files.push(("task.held_out".to_string(), p.clone()));
-        }
-        files
+        self.parts().own.input_files()
+    }
+}
+
+/// Every task's section reads as the settings every task reads, so that code that is the
+/// same for every task (the decode's sizes, sampling and end ids) does not name the task.
+impl Deref for TaskConfig {
+    type Target = TaskSettings;
+    fn deref(&self) -> &TaskSettings {
+        self.parts().settings
     }
 }
 
 /// Refuses `[task.reward]` for a task without text completions, a `reward` that is not a
-/// table, and keys of it that are not [`REWARD_KEYS`] (with the nearest one).
-fn check_reward_table(name: &str, value: &toml::Value) -> Result<(), ConfigError> {
-    if !REWARD_TASKS.contains(&name) {
+/// table, and keys of it that [`RewardConfig`] does not have (with the nearest one).
+fn check_reward_table(task: &TaskConfig, value: &toml::Value) -> Result<(), ConfigError> {
+    if !task.text() {
+        let text: Vec<&str> = task_names()
+            .iter()
+            .copied()
+            .filter(|n| keys::named::<TaskConfig>(n).is_some_and(|t| t.text()))
+            .collect();
         return Err(ConfigError::new(
             format!(
-                "[task.reward] does not apply to task \"{name}\" (its completions are token ids)"
+                "[task.reward] does not apply to task \"{}\" (its completions are token ids)",
+                task.name()
             ),
             format!(
                 "remove [task.reward]; a reward program scores the text tasks: {}",
-                REWARD_TASKS.join(", ")
+                text.join(", ")
             ),
         ));
     }
@@ -406,16 +524,17 @@ fn check_reward_table(name: &str, value: &toml::Value) -> Result<(), ConfigError
             "set task.reward.command = [\"python3\", \"reward.py\"] (the program and its arguments)",
         ));
     }
+    let reads = keys::fields::<RewardConfig>();
     for k in t.keys() {
-        if REWARD_KEYS.contains(&k.as_str()) {
+        if reads.contains(&k.as_str()) {
             continue;
         }
-        let hint = match nearest(k, REWARD_KEYS) {
+        let hint = match nearest(k, reads) {
             Some(n) => format!(
                 "did you mean `{n}`? [task.reward] reads: {}",
-                REWARD_KEYS.join(", ")
+                reads.join(", ")
             ),
-            None => format!("[task.reward] reads: {}", REWARD_KEYS.join(", ")),
+            None => format!("[task.reward] reads: {}", reads.join(", ")),
         };
         return Err(ConfigError::new(
             format!("unknown key `task.reward.{k}`"),
@@ -565,7 +684,7 @@ generations = 2
              timeout_s = 0.5\nrestarts = 1\n",
         )
         .unwrap();
-        let spec = c.task.unwrap().reward.unwrap().spec().unwrap();
+        let spec = c.task.unwrap().reward().unwrap().spec().unwrap();
         assert_eq!(spec.command, ["python3", "r.py"]);
         assert_eq!(spec.timeout, std::time::Duration::from_millis(500));
         assert_eq!(spec.restarts, 1);
@@ -573,22 +692,8 @@ generations = 2
 
     #[test]
     fn a_task_needs_a_qwen2_problem_without_teacher_forced_data() {
-        let e = Config::parse(
-            r#"
-[problem]
-name = "transformer_block"
-[es]
-strategy = "mirrored(lowrank(r=1))"
-n = 16
-sigma = 0.01
-lr = 0.01
-[run]
-generations = 2
-[task]
-name = "countdown"
-"#,
-        )
-        .unwrap_err();
+        let block = BASE.replace("\"qwen2\"\nsize = \"tiny\"", "\"transformer_block\"");
+        let e = Config::parse(&format!("{block}[task]\nname = \"countdown\"\n")).unwrap_err();
         assert!(
             format!("{e}").contains("use [problem] name = \"qwen2\""),
             "{e}"

@@ -43,7 +43,10 @@ fn every_listed_es_and_run_key_deserializes() {
         (OptimizerName::Adam, Some(0.8))
     );
     let table: toml::Table = toml::from_str(&text).expect("toml");
-    for (name, keys) in [("es", ES_KEYS), ("run", RUN_KEYS)] {
+    for (name, keys) in [
+        ("es", keys::fields::<EsConfig>()),
+        ("run", keys::fields::<RunConfig>()),
+    ] {
         let set = table[name].as_table().expect("table");
         for k in keys {
             assert!(
@@ -61,8 +64,8 @@ fn every_listed_es_and_run_key_deserializes() {
     );
 }
 
-/// Each problem's listed keys are exactly the keys its variant reads and writes: set
-/// them all, parse, serialize back.
+/// Each problem's keys ([`problem_reads`]) are exactly the keys its variant reads and
+/// writes: set them all, parse, serialize back.
 #[test]
 fn problem_keys_match_the_variants() {
     let values = [
@@ -85,9 +88,10 @@ fn problem_keys_match_the_variants() {
         ("condition", "10.0"),
         ("mjcf", "\"m.xml\""),
     ];
-    for (name, keys) in PROBLEM_VARIANTS {
+    for name in problems() {
+        let keys = problem_reads(name);
         let mut body = format!("name = \"{name}\"\n");
-        for k in *keys {
+        for k in keys {
             let (_, v) = values.iter().find(|(n, _)| n == k).expect("a test value");
             body.push_str(&format!("{k} = {v}\n"));
         }
@@ -131,6 +135,74 @@ fn problem_keys_match_the_variants() {
             "condition"
         ]
     );
+}
+
+/// The names and keys read from the definitions are the lists earlier builds wrote out by
+/// hand (a task or problem added later only adds to them), and every section probed has
+/// its keys.
+#[test]
+fn the_lists_read_from_the_definitions_are_the_ones_written_before() {
+    assert!(problems().starts_with(&["transformer_block", "qwen2", "control", "quadratic"]));
+    assert!(task_names().starts_with(&["countdown", "jsonl", "target_token"]));
+    let common = [
+        "name",
+        "prompts",
+        "prompt_len",
+        "max_new_tokens",
+        "chat",
+        "system",
+        "response_prefix",
+        "temperature",
+        "top_p",
+        "eos",
+    ];
+    for (task, own) in [
+        (
+            "countdown",
+            &[
+                "min_numbers",
+                "max_numbers",
+                "min_number",
+                "max_number",
+                "max_target",
+                "eval_seed",
+                "style",
+            ][..],
+        ),
+        ("jsonl", &["train", "held_out"]),
+        ("target_token", &["token", "prompt_tokens"]),
+    ] {
+        let want: Vec<&str> = common.iter().chain(own).copied().collect();
+        assert_eq!(task_keys(task), want, "{task}");
+    }
+    assert!(task_keys("nothing").is_empty());
+    assert_eq!(
+        keys::fields::<Config>(),
+        ["plugin", "devices", "problem", "es", "run", "task", "eval"]
+    );
+    assert_eq!(
+        keys::fields::<EvalConfig>(),
+        ["every", "prompts", "samples"]
+    );
+    assert_eq!(
+        keys::fields::<task::RewardConfig>(),
+        ["command", "timeout_s", "restarts"]
+    );
+    assert_eq!(
+        keys::fields::<RunConfig>(),
+        [
+            "seed",
+            "generations",
+            "out",
+            "checkpoint_every",
+            "tensorboard"
+        ]
+    );
+    assert_eq!(keys::fields::<EsConfig>().len(), 15);
+    for name in task_names() {
+        let task = keys::named::<TaskConfig>(name).expect("a task parses from its name");
+        assert_eq!(task.name(), *name);
+    }
 }
 
 /// A resume compares this hash with the one in `state.json`: it must not change for the

@@ -88,7 +88,7 @@ fn pinned_for(path: &Path) -> Option<&'static PinnedPlugin> {
 ///
 /// The stamp guards against accidents, not tampering: whoever can rewrite the stamp can
 /// rewrite the plugin. If it cannot be written (a read-only cache) every process hashes.
-pub(crate) fn verify_pinned(pin: &PinnedPlugin, path: &Path) -> Result<()> {
+pub fn verify_pinned(pin: &PinnedPlugin, path: &Path) -> Result<()> {
     let meta = fs::metadata(path).map_err(|e| RuntimeError::io(path, e))?;
     let damaged = |problem: String| RuntimeError::PluginDamaged {
         path: path.to_path_buf(),
@@ -344,15 +344,16 @@ pub(crate) fn check_elf(path: &Path) -> Result<()> {
     )
 }
 
-/// [`check_elf`] for any shared library `what` (e.g. "MuJoCo library") that must define
-/// the symbol `entry`: the same checks, the messages naming `what`, `entry` and the
-/// `typical` size.
-pub(crate) fn check_elf_exporting(
-    path: &Path,
-    entry: &[u8],
-    what: &str,
-    typical: &str,
-) -> Result<()> {
+/// Refuses `path` unless it is an ELF shared object for this machine, not truncated, that
+/// defines `entry` in its dynamic symbol table: the checks a PJRT plugin gets (with
+/// `GetPjrtApi`), for any shared library `what` (e.g. "MuJoCo library"), the messages
+/// naming `what`, `entry` and the `typical` size.
+///
+/// # Errors
+///
+/// [`RuntimeError::NotAPlugin`] or [`RuntimeError::PluginTruncated`] saying what is wrong,
+/// or [`RuntimeError::Io`] when the file cannot be read.
+pub fn check_elf_exporting(path: &Path, entry: &[u8], what: &str, typical: &str) -> Result<()> {
     let file = File::open(path).map_err(|e| RuntimeError::io(path, e))?;
     let size = file
         .metadata()

@@ -3,20 +3,23 @@
 //! See the crate documentation for the discovery order. [`locate`] finds (or provisions) a
 //! plugin file, [`Plugin::load`] checks and opens it; [`set_log_level`] chooses how much of
 //! the plugin's own logging is shown.
+//!
+//! Other native libraries pinned to a Python wheel (MuJoCo, in `shardes-mujoco`) are found,
+//! provisioned and checked with the same pieces: [`PinnedPlugin`] (its
+//! [`PinnedPlugin::python_installed`]), [`provision_pinned_to`], [`verify_pinned`] and
+//! [`check_elf_exporting`].
 
 pub(crate) mod check;
 mod log;
 mod provision;
 
 pub use check::MIN_PLUGIN_BYTES;
-// For the MuJoCo library (`crate::mujoco`), which is found, provisioned and checked alike.
-pub(crate) use check::{check_elf_exporting, verify_pinned};
+pub use check::{check_elf_exporting, verify_pinned};
 pub use log::{log_level, set_log_level, set_verbose, LogLevel, LOG_ENV};
-pub(crate) use provision::{provision_pinned_to, python_module_dir};
-
 pub use provision::{
-    cache_root, cached_plugin_path, locate, provision, provision_into, resolve, PinnedPlugin, CPU,
-    CUDA, NAMED, PACKAGE, SO_PATH_IN_WHEEL, SO_SHA256, TPU, VERSION, WHEEL_SHA256,
+    cache_root, cached_plugin_path, locate, provision, provision_into, provision_pinned_to,
+    resolve, PinnedPlugin, CPU, CUDA, NAMED, PACKAGE, SO_PATH_IN_WHEEL, SO_SHA256, TPU, VERSION,
+    WHEEL_SHA256,
 };
 
 use std::collections::HashMap;

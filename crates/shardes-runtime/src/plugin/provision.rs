@@ -194,7 +194,7 @@ impl PinnedPlugin {
 
     /// `<package>-<version>-<first 12 hex of the library's sha256>`: the cache directory's
     /// name, by which a cached copy is also recognised when loaded.
-    pub(crate) fn cache_dir_name(&self) -> String {
+    pub fn cache_dir_name(&self) -> String {
         format!(
             "{}-{}-{}",
             self.package,
@@ -212,18 +212,8 @@ impl PinnedPlugin {
             return existing(Path::new(&p));
         }
         let mut tried = Vec::new();
-        match python_module_dir(self.module) {
-            Some(dir) => {
-                let so = dir.join(self.so_file_name());
-                if so.is_file() {
-                    return Ok(so);
-                }
-                tried.push(so);
-            }
-            None => tried.push(PathBuf::from(format!(
-                "(python module {} not installed)",
-                self.module
-            ))),
+        if let Some(so) = self.python_installed(&mut tried) {
+            return Ok(so);
         }
         let root = cache_root()?;
         let cached = self.cached_path(&root);
@@ -236,6 +226,26 @@ impl PinnedPlugin {
                 tried,
                 provision_hint: format!("{e}; the {} plugin also needs {}", self.name, self.needs),
             })
+    }
+
+    /// The library inside [`PinnedPlugin::module`] as installed in the Python environment
+    /// (`$SHARDES_PYTHON` or `python3`), if it is there; if not, what was looked at (the
+    /// file, or that the module is not installed) is added to `tried`.
+    pub fn python_installed(&self, tried: &mut Vec<PathBuf>) -> Option<PathBuf> {
+        match python_module_dir(self.module) {
+            Some(dir) => {
+                let so = dir.join(self.so_file_name());
+                if so.is_file() {
+                    return Some(so);
+                }
+                tried.push(so);
+            }
+            None => tried.push(PathBuf::from(format!(
+                "(python module {} not installed)",
+                self.module
+            ))),
+        }
+        None
     }
 
     /// Provisions this plugin under cache root `root` (see [`PinnedPlugin::cached_path`]);
@@ -372,7 +382,12 @@ fn provision_pinned(p: &PinnedPlugin, root: &Path) -> Result<PathBuf> {
 
 /// Provisions the pinned library `p` at `target` (see [`provision_into`]); a no-op if it
 /// is there. Libraries other than PJRT plugins (MuJoCo) choose their own cache path.
-pub(crate) fn provision_pinned_to(p: &PinnedPlugin, target: PathBuf) -> Result<PathBuf> {
+///
+/// # Errors
+///
+/// [`RuntimeError::Provision`] with the commands that do it by hand, when the wheel cannot
+/// be fetched, unpacked or checked.
+pub fn provision_pinned_to(p: &PinnedPlugin, target: PathBuf) -> Result<PathBuf> {
     provision_with(&p.wheel_file(), &target, &|dir| manual_steps_for(p, dir))
 }
 

@@ -330,7 +330,7 @@ pub fn lines(config: &Config, p: &TaskPlan) -> Result<Vec<String>> {
         "task: {}, {} prompts per generation (fresh each generation, from run.seed {} and \
          the generation); generation 0's longest is {} of {} tokens; at most {} tokens \
          generated per generation; fitness {}",
-        t.name,
+        t.name(),
         p.train.count,
         config.run.seed,
         p.train.longest,
@@ -388,12 +388,12 @@ pub fn check(config: &Config, json: bool) -> Result<usize> {
     let lines = lines(config, &p)?;
     let mut out = Stdout::new();
     if json {
-        let list = crate::findings::to_json(&p.findings);
+        let list = super::findings::to_json(&p.findings);
         let doc = serde_json::json!({
             "problem": config.problem.name(),
             "leaves": p.leaves.len(),
             "findings": list,
-            "task": task_of(config)?.name,
+            "task": task_of(config)?.name(),
             "n": p.es.n(),
             "devices": p.es.devices(),
             "member_chunk": p.member_chunk,
@@ -415,7 +415,7 @@ pub fn check(config: &Config, json: bool) -> Result<usize> {
             p.summary,
             p.leaves.len()
         );
-        crate::findings::print(&mut out, &p.findings, &ok, &format!(" in {}", p.summary));
+        super::findings::print(&mut out, &p.findings, &ok, &format!(" in {}", p.summary));
         for l in &lines {
             outln!(out, "{l}");
         }

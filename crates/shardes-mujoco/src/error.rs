@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-/// Errors of [`crate::mujoco`]. Each message says what is wrong and how to fix it.
+/// Errors of this crate. Each message says what is wrong and how to fix it.
 #[derive(Debug, thiserror::Error)]
 pub enum MujocoError {
     /// No library was found and provisioning it failed.

@@ -2,14 +2,13 @@
 //! rollout, or for a MuJoCo model the split between the host simulations and the device
 //! policy evaluations, each next to a plain-Rust reference loop ([`shardes::bench_control`]).
 
-use std::path::Path;
-
 use anyhow::{Context, Result};
 use serde::Serialize;
+use shardes::bench::Stats;
 use shardes::bench_control::{self, InProgramReport, MjcfReport, Reference};
 use shardes::hlo::prng::fold_in;
 
-use crate::bench::BenchArgs;
+use super::{print_report, BenchArgs};
 use crate::config::{control, Config};
 use crate::setup;
 
@@ -26,7 +25,7 @@ pub fn run(args: &BenchArgs, config: &Config) -> Result<()> {
     let es = setup::es(config)?;
     // No compile cache: the report's compile times are measured.
     let client = setup::client(config)?.with_compile_cache(None);
-    let report = match setup::host_control(config)? {
+    let (table, report) = match setup::host_control(config)? {
         Some(h) => {
             let p = shardes::Problem::mjcf(&h, config.es.n, config.run.seed)
                 .map_err(setup::problem_error)?;
@@ -41,8 +40,7 @@ pub fn run(args: &BenchArgs, config: &Config) -> Result<()> {
                 args.generations,
             )
             .context("benchmarking the MuJoCo control problem")?;
-            print!("{}", mjcf_table(&r));
-            Report::Mjcf(r)
+            (mjcf_table(&r), Report::Mjcf(r))
         }
         None => {
             let c = control(&config.problem, config.es.shaping)?;
@@ -61,20 +59,10 @@ pub fn run(args: &BenchArgs, config: &Config) -> Result<()> {
                 args.generations,
             )
             .context("benchmarking the control problem")?;
-            print!("{}", in_program_table(&r));
-            Report::InProgram(r)
+            (in_program_table(&r), Report::InProgram(r))
         }
     };
-    if let Some(path) = &args.json {
-        write_json(path, &report)?;
-    }
-    Ok(())
-}
-
-fn write_json(path: &Path, report: &Report) -> Result<()> {
-    let text = serde_json::to_string_pretty(report)?;
-    std::fs::write(path, text)
-        .with_context(|| format!("writing the JSON report to {}", path.display()))
+    print_report(args, &table, &report)
 }
 
 fn reference_line(r: &Reference) -> String {
@@ -87,20 +75,29 @@ fn reference_line(r: &Reference) -> String {
     )
 }
 
+/// The lines both reports start with: `title` and the rounds, a generation's time and the
+/// environment steps per second, with what those steps count.
+fn head(title: &str, generation_ms: &Stats, steps_per_s: f64, counted: &str) -> String {
+    format!(
+        "{title} rounds={}\n  {:<30}{:>14.2}   ({:.2}..{:.2})\n  {:<30}{:>14.0}   ({counted})\n",
+        generation_ms.samples,
+        "generation ms (median)",
+        generation_ms.median,
+        generation_ms.min,
+        generation_ms.max,
+        "env steps/s",
+        steps_per_s
+    )
+}
+
 /// The in-program report as a table.
 pub fn in_program_table(r: &InProgramReport) -> String {
-    let mut s = format!(
-        "control {} (in the program) n={} episodes={} steps={} devices={} rounds={}\n",
-        r.env, r.n, r.episodes, r.steps, r.devices, r.generation_ms.samples
+    let title = format!(
+        "control {} (in the program) n={} episodes={} steps={} devices={}",
+        r.env, r.n, r.episodes, r.steps, r.devices
     );
-    s.push_str(&format!(
-        "  {:<30}{:>14.2}   ({:.2}..{:.2})\n",
-        "generation ms (median)", r.generation_ms.median, r.generation_ms.min, r.generation_ms.max
-    ));
-    s.push_str(&format!(
-        "  {:<30}{:>14.0}   (n · episodes · steps per generation)\n",
-        "env steps/s", r.env_steps_per_s
-    ));
+    let counted = "n · episodes · steps per generation";
+    let mut s = head(&title, &r.generation_ms, r.env_steps_per_s, counted);
     match &r.reference {
         Some(x) => s.push_str(&reference_line(x)),
         None => s.push_str("  reference: only for cartpole_balance\n"),
@@ -112,18 +109,12 @@ pub fn in_program_table(r: &InProgramReport) -> String {
 pub fn mjcf_table(r: &MjcfReport) -> String {
     let total = (r.sim_secs + r.policy_secs + r.tell_secs).max(1e-12);
     let pct = |x: f64| 100.0 * x / total;
-    let mut s = format!(
-        "control {} (MuJoCo on host threads) n={} episodes={} steps≤{} devices={} rounds={}\n",
-        r.model, r.n, r.episodes, r.steps, r.devices, r.generation_ms.samples
+    let title = format!(
+        "control {} (MuJoCo on host threads) n={} episodes={} steps≤{} devices={}",
+        r.model, r.n, r.episodes, r.steps, r.devices
     );
-    s.push_str(&format!(
-        "  {:<30}{:>14.2}   ({:.2}..{:.2})\n",
-        "generation ms (median)", r.generation_ms.median, r.generation_ms.min, r.generation_ms.max
-    ));
-    s.push_str(&format!(
-        "  {:<30}{:>14.0}   (episode steps simulated)\n",
-        "env steps/s", r.env_steps_per_s
-    ));
+    let counted = "episode steps simulated";
+    let mut s = head(&title, &r.generation_ms, r.env_steps_per_s, counted);
     s.push_str(&format!(
         "  {:<30}{:>13.1}%   ({:.3} s)\n",
         "host simulation",

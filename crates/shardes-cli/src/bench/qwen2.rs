@@ -5,18 +5,17 @@
 //!
 //! `--layers N` benchmarks the config's width, vocabulary and data at `N` decoder layers
 //! with random weights, so a per-layer cost can be measured on a shallow model. Decoding
-//! is benchmarked on a `[decode]` config ([`crate::bench_decode`], e.g.
+//! is benchmarked on a `[decode]` config ([`super::decode`], e.g.
 //! `benches/decode_0_5b.toml`).
 
-use anyhow::{Context, Result};
-use indicatif::{ProgressBar, ProgressStyle};
+use anyhow::Result;
 use serde::Serialize;
-use shardes::bench::{self, BenchInput, BenchOptions, BenchReport};
+use shardes::bench::{BenchInput, BenchReport};
 use shardes::hlo::es::{How, ShardedES};
 use shardes::runtime::Client;
 use shardes::Problem;
 
-use crate::bench::{parse_how, table, BenchArgs};
+use super::{measure, parse_how, print_report, table, BenchArgs};
 use crate::config::Config;
 use crate::setup;
 use crate::setup::problem_error;
@@ -81,24 +80,7 @@ pub fn run(args: &BenchArgs, config: &Config) -> Result<()> {
         batch: &problem.batch,
         flops: None,
     };
-    let options = BenchOptions {
-        warmup: args.warmup,
-        rounds: args.generations,
-        generations_per_dispatch: args.per_dispatch,
-        gemm_size: args.gemm_size,
-        ..BenchOptions::default()
-    };
-    let bar = ProgressBar::new(1);
-    bar.set_style(
-        ProgressStyle::with_template("{spinner} {msg} [{bar:30}] {pos}/{len}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    let report = bench::run(&input, &options, &mut |stage, done, total| {
-        bar.set_message(stage.to_string());
-        bar.set_length(total.max(1) as u64);
-        bar.set_position(done as u64);
-    })?;
-    bar.finish_and_clear();
+    let report = measure(args, &input)?;
     // The batch's ids are `[batch, seq]`: every member reads all of them.
     let tokens_per_member = problem
         .batch
@@ -122,13 +104,7 @@ pub fn run(args: &BenchArgs, config: &Config) -> Result<()> {
         ),
         report,
     };
-    print!("{}", qwen2_table(&out));
-    if let Some(path) = &args.json {
-        let text = serde_json::to_string_pretty(&out)?;
-        std::fs::write(path, text)
-            .with_context(|| format!("writing the JSON report to {}", path.display()))?;
-    }
-    Ok(())
+    print_report(args, &qwen2_table(&out), &out)
 }
 
 /// The engine's table, its FLOP lines left out (no count is known), and the tokens.

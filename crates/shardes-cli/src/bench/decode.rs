@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use serde::Deserialize;
-use shardes::bench::decode::{run_decode, DecodeBenchInput, DecodeBenchReport};
+use shardes::bench::decode::{run_decode, DecodeBenchInput, DecodeBenchReport, DecodeTimes};
 use shardes::decode::{load_qwen2, LoadedQwen2};
 use shardes::hlo::builder::DType;
 use shardes::hlo::es::EsSpec;
@@ -31,7 +31,7 @@ use shardes::hlo::problems::qwen2::{Layers, Qwen2Config};
 use shardes::runtime::Client;
 use shardes::Qwen2Weights;
 
-use crate::bench::BenchArgs;
+use super::{print_report, BenchArgs};
 use crate::config::{es_error, ConfigError};
 
 /// A decode benchmark's config.
@@ -223,6 +223,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         key: loaded.key,
         config,
         prompts,
+        gemm_size: args.gemm_size,
     };
     let report = run_decode(
         &input,
@@ -237,13 +238,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         other => anyhow::Error::from(other),
     })?;
     eprintln!();
-    print!("{}", table(&report));
-    if let Some(path) = &args.json {
-        let text = serde_json::to_string_pretty(&report)?;
-        std::fs::write(path, text)
-            .with_context(|| format!("writing the JSON report to {}", path.display()))?;
-    }
-    Ok(())
+    print_report(args, &table(&report), &report)
 }
 
 /// The report as the human table.
@@ -255,53 +250,36 @@ pub fn table(r: &DecodeBenchReport) -> String {
         r.strategy, r.n, r.devices, r.member_chunk, r.batch, r.prompt_len, r.max_new, r.rounds
     ));
     s.push_str(&format!(
-        "{:<30}{:>14}{:>14}\n",
+        "{:<30}{:>20}{:>20}\n",
         "", "ES decode", "plain decode"
     ));
-    let row = |s: &mut String, what: &str, a: String, b: String| {
-        s.push_str(&format!("  {what:<28}{a:>14}{b:>14}\n"));
-    };
-    let (e, p) = (&r.es, &r.plain);
-    row(
-        &mut s,
-        "emission ms",
-        format!("{:.1}", e.emit_ms),
-        format!("{:.1}", p.emit_ms),
-    );
-    row(
-        &mut s,
-        "compile ms",
-        format!("{:.0}", e.compile_ms),
-        format!("{:.0}", p.compile_ms),
-    );
-    row(
-        &mut s,
-        "ms per call (median)",
-        format!("{:.2}", e.call_ms.median),
-        format!("{:.2}", p.call_ms.median),
-    );
-    row(
-        &mut s,
-        "ms (min..max)",
-        format!("{:.2}..{:.2}", e.call_ms.min, e.call_ms.max),
-        format!("{:.2}..{:.2}", p.call_ms.min, p.call_ms.max),
-    );
-    row(
-        &mut s,
-        "prefill + 1 token ms",
-        format!("{:.2}", e.prefill_ms.median),
-        format!("{:.2}", p.prefill_ms.median),
-    );
-    row(
-        &mut s,
-        "tokens/s",
-        format!("{:.0}", e.tokens_per_s),
-        format!("{:.0}", p.tokens_per_s),
-    );
+    // Each row formats the ES decode and the plain one alike.
+    type Cell = fn(&DecodeTimes) -> String;
+    let rows: [(&str, Cell); 7] = [
+        ("emission ms", |x| format!("{:.1}", x.emit_ms)),
+        ("compile ms", |x| format!("{:.0}", x.compile_ms)),
+        ("ms per call (median)", |x| {
+            format!("{:.2}", x.call_ms.median)
+        }),
+        ("ms (min..max)", |x| {
+            format!("{:.2}..{:.2}", x.call_ms.min, x.call_ms.max)
+        }),
+        ("prefill + 1 token ms", |x| {
+            format!("{:.2}", x.prefill_ms.median)
+        }),
+        ("per-token step ms", |x| format!("{:.2}", x.step_ms)),
+        ("tokens/s", |x| format!("{:.0}", x.tokens_per_s)),
+    ];
+    for (what, cell) in rows {
+        let (a, b) = (cell(&r.es), cell(&r.plain));
+        s.push_str(&format!("  {what:<28}{a:>20}{b:>20}\n"));
+    }
     s.push_str(&format!(
-        "{} tokens per call; plain/ES tokens/s ratio {:.3}; peak RSS {:.0} MiB\n",
+        "{} tokens per call; plain/ES tokens/s ratio {:.3}; GEMM peak {:.1} GFLOP/s; peak RSS \
+         {:.0} MiB\n",
         r.tokens_per_call,
         r.ratio,
+        r.gemm_peak_gflops,
         r.peak_rss_bytes as f64 / 1048576.0
     ));
     s

@@ -1,6 +1,6 @@
 //! `shardes hlo`, `shardes devices` and `shardes check`: look at a run without running it
-//! (`check` on a `[task]` or an MJCF config: [`crate::check_task`], [`crate::check_mjcf`];
-//! `hlo` on a `[task]` config prints the programs [`crate::check_task::programs`] builds).
+//! (`check` on a `[task]` or an MJCF config: [`task`], [`mjcf`];
+//! `hlo` on a `[task]` config prints the programs [`task::programs`] builds).
 //!
 //! Their output is the product: a reader that closes the pipe early (`| head`) ends the
 //! command quietly with its normal exit code; any other write error (`> /dev/full`) is a
@@ -17,6 +17,10 @@ use shardes::runtime::CompileOptions;
 use crate::config::{Config, ConfigError};
 use crate::out::{outln, Stdout};
 use crate::setup;
+
+mod findings;
+pub mod mjcf;
+pub mod task;
 
 /// Arguments of `shardes hlo`.
 #[derive(Debug, Clone, clap::Args)]
@@ -193,8 +197,8 @@ fn hlo_programs(config: &Config, program: Option<TaskProgram>) -> Result<Vec<(St
         )
         .into());
     }
-    let plan = crate::check_task::plan(config)?;
-    let built = crate::check_task::programs(config, &plan)?;
+    let plan = task::plan(config)?;
+    let built = task::programs(config, &plan)?;
     Ok(built
         .into_iter()
         .filter(|b| want == TaskProgram::All || b.name == want.name())
@@ -316,17 +320,17 @@ pub fn devices(args: &DevicesArgs) -> Result<()> {
 pub fn check(args: &CheckArgs) -> Result<usize> {
     let config = Config::load(&args.config)?;
     if config.task.is_some() {
-        return crate::check_task::check(&config, args.json);
+        return task::check(&config, args.json);
     }
-    if crate::check_mjcf::is_mjcf(&config)? {
-        return crate::check_mjcf::check(&config, args.json);
+    if mjcf::is_mjcf(&config)? {
+        return mjcf::check(&config, args.json);
     }
     let (_, p) = problem_shapes(&config)?;
     let leaves = p.leaves;
     let findings = check_model(&*p.model, &leaves).context("tracing the model")?;
     let mut out = Stdout::new();
     if args.json {
-        let list = crate::findings::to_json(&findings);
+        let list = findings::to_json(&findings);
         let doc = serde_json::json!({
             "problem": config.problem.name(),
             "leaves": leaves.len(),
@@ -339,7 +343,7 @@ pub fn check(args: &CheckArgs) -> Result<usize> {
             config.problem.name(),
             leaves.len()
         );
-        crate::findings::print(&mut out, &findings, &ok, "");
+        findings::print(&mut out, &findings, &ok, "");
     }
     out.finish()?;
     Ok(findings.len())

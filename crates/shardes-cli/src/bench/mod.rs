@@ -2,7 +2,7 @@
 //! against the GEMM peak, host overhead and peak memory, as a table and JSON.
 //!
 //! A control config is measured in environment steps per second instead
-//! ([`crate::bench_control`]). The measuring is [`shardes::bench`]; this file turns a
+//! ([`control`]). The measuring is [`shardes::bench`]; this file turns a
 //! config into its inputs and
 //! prints the report as a table. Overrides (`--n`, `--devices`, `--member-chunk`) exist for scaling sweeps from
 //! one config file.
@@ -10,12 +10,16 @@
 //! Under `mpirun` (feature `mpi`), or with `--phases`, it times a generation of a run across
 //! processes in its phases instead ([`processes`]).
 
+mod control;
+mod decode;
 mod processes;
+mod qwen2;
 
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
 use shardes::bench::{self, BenchInput, BenchOptions, BenchReport, Flops};
 use shardes::hlo::es::{How, Model, ShardedES};
 use shardes::runtime::Client;
@@ -212,8 +216,8 @@ fn check_memory(args: &BenchArgs, config: Config) -> Result<Config> {
 
 /// Runs `shardes bench` (a config with a `[decode]` section runs the decode benchmark).
 pub fn run(args: &BenchArgs) -> Result<()> {
-    if crate::bench_decode::is_decode_config(&args.config) {
-        return crate::bench_decode::run(args);
+    if decode::is_decode_config(&args.config) {
+        return decode::run(args);
     }
     let group = Group::from_env()?;
     let config = validated(args)?;
@@ -221,10 +225,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         return processes::run(args, &config, group);
     }
     if let ProblemConfig::Control { .. } = config.problem {
-        return crate::bench_control::run(args, &config);
+        return control::run(args, &config);
     }
     if let ProblemConfig::Qwen2 { .. } = config.problem {
-        return crate::bench_qwen2::run(args, &config);
+        return qwen2::run(args, &config);
     }
     let ProblemConfig::TransformerBlock {
         d_model,
@@ -271,6 +275,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         batch: &problem.batch,
         flops: Some(flops),
     };
+    let report = measure(args, &input)?;
+    print_report(args, &table(&report), &report)
+}
+
+/// Runs the benchmark engine on `input` for `args`' rounds, its stages on a progress bar.
+fn measure(args: &BenchArgs, input: &BenchInput) -> Result<BenchReport> {
     let options = BenchOptions {
         warmup: args.warmup,
         rounds: args.generations,
@@ -283,15 +293,20 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         ProgressStyle::with_template("{spinner} {msg} [{bar:30}] {pos}/{len}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    let report = bench::run(&input, &options, &mut |stage, done, total| {
+    let report = bench::run(input, &options, &mut |stage, done, total| {
         bar.set_message(stage.to_string());
         bar.set_length(total.max(1) as u64);
         bar.set_position(done as u64);
     })?;
     bar.finish_and_clear();
-    print!("{}", table(&report));
+    Ok(report)
+}
+
+/// Prints a report's `table` and, with `--json`, writes the `report` there as JSON.
+fn print_report(args: &BenchArgs, table: &str, report: &impl Serialize) -> Result<()> {
+    print!("{table}");
     if let Some(path) = &args.json {
-        let text = serde_json::to_string_pretty(&report)?;
+        let text = serde_json::to_string_pretty(report)?;
         std::fs::write(path, text)
             .with_context(|| format!("writing the JSON report to {}", path.display()))?;
     }

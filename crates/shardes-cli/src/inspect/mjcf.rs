@@ -14,9 +14,9 @@ use shardes::hlo::es::{check_model, EsError, Finding, LeafInfo, Model, ModelPara
 use shardes::hlo::nn::Act;
 use shardes::hlo::problems::control::host::PolicyStep;
 
-use crate::check_task::{timed, BuiltProgram};
+use super::problem_shapes;
+use super::task::{timed, BuiltProgram};
 use crate::config::Config;
-use crate::inspect::problem_shapes;
 use crate::out::{outln, Stdout};
 use crate::setup;
 
@@ -108,7 +108,7 @@ pub fn check(config: &Config, json: bool) -> Result<usize> {
             .map_err(crate::config::es_error)?;
     let mut out = Stdout::new();
     if json {
-        let list = crate::findings::to_json(&p.findings);
+        let list = super::findings::to_json(&p.findings);
         let doc = serde_json::json!({
             "problem": config.problem.name(),
             "mjcf": p.mjcf.display().to_string(),
@@ -130,7 +130,7 @@ pub fn check(config: &Config, json: bool) -> Result<usize> {
         p.summary,
         p.leaves.len()
     );
-    crate::findings::print(&mut out, &p.findings, &ok, &format!(" in {}", p.summary));
+    super::findings::print(&mut out, &p.findings, &ok, &format!(" in {}", p.summary));
     let devices = p.es.devices();
     outln!(
         out,
