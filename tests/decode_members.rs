@@ -188,29 +188,20 @@ fn identical_on_1_and_8_devices(strategies: &[&str]) {
     let ids = prompts(2, cfg.vocab_size);
     let k = key(4).unwrap();
     for strategy in strategies {
-        assert_eq!(
+        let on = |devices| {
+            let model = (&cfg, &tree);
             decode(
                 &client,
                 strategy,
                 Layers::Unrolled,
-                1,
-                (&cfg, &tree),
+                devices,
+                model,
                 k,
                 0,
-                &ids
-            ),
-            decode(
-                &client,
-                strategy,
-                Layers::Unrolled,
-                8,
-                (&cfg, &tree),
-                k,
-                0,
-                &ids
-            ),
-            "{strategy}"
-        );
+                &ids,
+            )
+        };
+        assert_eq!(on(1), on(8), "{strategy}");
     }
 }
 

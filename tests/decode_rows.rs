@@ -20,8 +20,9 @@ use shardes::hlo::es::ShardedES;
 use shardes::hlo::params::ParamTree;
 use shardes::hlo::prng::key;
 use shardes::hlo::problems::qwen2::{Qwen2, Qwen2Config};
+use shardes::population::Place;
 use shardes::runtime::Client;
-use shardes::{Error, HostFitness, PopulationDecoder, Qwen2Weights};
+use shardes::{CompileWhen, Error, HostFitness, PopulationDecoder, Qwen2Weights};
 use support::decode::Greedy;
 
 const N: usize = 16;
@@ -236,7 +237,7 @@ fn sampled(client: &Client, generation: u32, sampling: Sampling, devices: usize)
         ..DecodeConfig::greedy(3, 6, 6)
     };
     let m = Qwen2::new(cfg.clone(), 3, 6);
-    PopulationDecoder::with_state(
+    PopulationDecoder::placed(
         client,
         &es(devices),
         m,
@@ -244,6 +245,8 @@ fn sampled(client: &Client, generation: u32, sampling: Sampling, devices: usize)
         key(3).unwrap(),
         generation,
         config,
+        Place::Alone,
+        CompileWhen::Now,
     )
     .unwrap()
     .decode(&prompts())

@@ -22,8 +22,8 @@ use shardes::hlo::prng::key;
 use shardes::population::Place;
 use shardes::runtime::Client;
 use shardes::{HostFitness, SplitTrainer, Trainer};
-use support::rel_norm_diff;
 use support::tiny::{mlp_batch, mlp_params, Mlp};
+use support::worst_leaf_diff;
 
 const GENERATIONS: usize = 3;
 
@@ -82,14 +82,6 @@ fn processes(spec: &EsSpec, processes: usize, hosts: How) -> Vec<(Vec<Vec<f32>>,
             .expect("the same parameters");
         (fitness, t.params().expect("params"))
     })
-}
-
-fn worst_leaf_diff(a: &ParamTree, b: &ParamTree) -> f64 {
-    a.leaves()
-        .into_iter()
-        .zip(b.leaves())
-        .map(|((_, x), (_, y))| rel_norm_diff(x.data(), y.data()))
-        .fold(0.0, f64::max)
 }
 
 #[test]

@@ -34,11 +34,11 @@ use shardes::hlo::params::{Array, ParamTree};
 use shardes::hlo::prng::{fold_in, key, Key};
 use shardes::hlo::problems::transformer_block::TransformerBlock;
 use shardes::runtime::half::bf16;
-use shardes::runtime::{Client, HloModule};
+use shardes::runtime::Client;
 use shardes::{HostArray, HostFitness, OutputsRunner, Trainer};
 use support::es::{base_key, Es, Inner, LeafNoise};
-use support::rel_norm_diff;
 use support::tiny::{mlp_batch, mlp_params, one_generation, Mlp, HIDDEN, IN, OUT};
+use support::{hlo_offenders, rel_norm_diff};
 
 /// `x` rounded to bf16 (round to nearest even, as XLA converts).
 fn r(x: f32) -> f32 {
@@ -375,25 +375,6 @@ fn a_bf16_transformer_block_is_within_bf16_precision_of_f32() {
     );
 }
 
-/// Whether a shape holds a member × m × k value of an `(m, k)` leaf (prime m, k).
-fn member_by_matrix(dims: &[usize], m: usize, k: usize) -> bool {
-    let el: usize = dims.iter().product();
-    let has_both = dims.contains(&m) && dims.contains(&k) && dims.len() >= 3;
-    has_both || (el >= 2 * m * k && el.is_multiple_of(m * k))
-}
-
-fn hlo_offenders(hlo: &HloModule) -> Vec<String> {
-    hlo.instructions()
-        .filter(|i| i.shape.element_type != "tuple")
-        .filter(|i| {
-            [(HIDDEN, IN), (OUT, HIDDEN)]
-                .iter()
-                .any(|&(m, k)| member_by_matrix(&i.shape.dims, m, k))
-        })
-        .map(|i| format!("{} {}{:?}", i.opcode, i.shape.element_type, i.shape.dims))
-        .collect()
-}
-
 #[test]
 fn low_rank_stays_factors_under_bf16_in_the_optimized_program() {
     let client = Client::cpu(8).unwrap();
@@ -422,7 +403,7 @@ fn low_rank_stays_factors_under_bf16_in_the_optimized_program() {
             bf16_ops > 0,
             "{strategy}: the optimized program computes no bf16"
         );
-        let offenders = hlo_offenders(&hlo);
+        let offenders = hlo_offenders(&hlo, &[(HIDDEN, IN), (OUT, HIDDEN)]);
         if strategy.contains("lowrank") {
             assert!(
                 offenders.is_empty(),

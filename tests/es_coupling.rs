@@ -21,6 +21,7 @@ use shardes::hlo::es::{leaf_infos, ShardedES};
 use shardes::hlo::prng::{fold_in, key, Key, Keys};
 use shardes::runtime::{Client, CompileOptions};
 use support::tiny::{mlp_on_8_devices, one_generation, Mlp};
+use support::{floats, words};
 
 /// Runs a program without arguments on one device and returns its one output's bytes.
 fn run(body: impl FnOnce(&Func) -> Value) -> Vec<u8> {
@@ -40,14 +41,13 @@ fn run(body: impl FnOnce(&Func) -> Value) -> Vec<u8> {
     })
 }
 
-fn words(b: &[u8]) -> Vec<u32> {
-    b.chunks_exact(4)
-        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
-}
-
-fn floats(b: &[u8]) -> Vec<f32> {
-    words(b).into_iter().map(f32::from_bits).collect()
+/// Entry `(t, c)` of the (Sylvester) Hadamard matrix: the parity of `t & c`'s bits as ±1.
+fn hadamard(t: usize, c: usize) -> f32 {
+    if (t & c).count_ones() % 2 == 1 {
+        -1.0
+    } else {
+        1.0
+    }
 }
 
 fn iota(f: &Func, n: i64) -> Value {
@@ -69,16 +69,7 @@ fn fwht_equals_the_dense_hadamard_product() {
         }));
         for r in 0..rows {
             for c in 0..p {
-                let dense: f32 = (0..p)
-                    .map(|t| {
-                        let h = if (t & c).count_ones() % 2 == 1 {
-                            -1.0
-                        } else {
-                            1.0
-                        };
-                        x[r * p + t] * h
-                    })
-                    .sum();
+                let dense: f32 = (0..p).map(|t| x[r * p + t] * hadamard(t, c)).sum();
                 assert_eq!(got[r * p + c], dense, "p {p}, row {r}, col {c}");
             }
         }
@@ -95,14 +86,7 @@ fn fwht_equals_the_dense_hadamard_product() {
     }));
     for c in 0..p {
         let dense: f64 = (0..p)
-            .map(|t| {
-                let h = if (t & c).count_ones() % 2 == 1 {
-                    -1.0
-                } else {
-                    1.0
-                };
-                f64::from(x[t]) * h
-            })
+            .map(|t| f64::from(x[t]) * f64::from(hadamard(t, c)))
             .sum();
         assert!((f64::from(got[c]) - dense).abs() < 1e-4, "{c}");
     }

@@ -385,28 +385,25 @@ fn a_checkpoint_without_state_has_no_optimizer_file_and_a_damaged_one_is_refused
     assert_eq!((sgd.optimizer_file, sgd.optimizer_sha256), (None, None));
     let text = std::fs::read_to_string(out.join("state.json")).unwrap();
     assert!(!text.contains("optimizer"), "{text}");
-    let (_, state) = run(
-        &client,
-        &es(Optimizer::adam(), 0.01, 8),
-        &params,
-        &batch,
-        0,
-        None,
-        1,
-    );
+    // Adam's state after `k` generations from the start.
+    let adam_after = |k| {
+        run(
+            &client,
+            &es(Optimizer::adam(), 0.01, 8),
+            &params,
+            &batch,
+            0,
+            None,
+            k,
+        )
+        .1
+    };
+    let state = adam_after(1);
     let first = rd
         .write_checkpoint_with_optimizer(seed().data(), 2, &params, &state, None)
         .unwrap()
         .clone();
-    let (_, later) = run(
-        &client,
-        &es(Optimizer::adam(), 0.01, 8),
-        &params,
-        &batch,
-        0,
-        None,
-        2,
-    );
+    let later = adam_after(2);
     let second = rd
         .write_checkpoint_with_optimizer(seed().data(), 3, &params, &later, None)
         .unwrap()

@@ -19,7 +19,7 @@ use shardes::hlo::params::{Array, ParamTree};
 use shardes::hlo::prng::{fold_in, key, normal, Key};
 use shardes::runtime::Client;
 use shardes::{HostArray, HostFitness, OutputsRunner, SplitTrainer};
-use support::es::{base_key, Es, Inner, LeafNoise};
+use support::es::{base_key, Es, Inner};
 
 const ROWS: usize = 3;
 const IN: usize = 13;
@@ -101,31 +101,10 @@ fn es(strategy: &str, n: usize, devices: usize) -> ShardedES {
 
 /// Member `i`'s leaves with its perturbation materialized on the host: `(b, w)`.
 fn host_member(e: &Es, tree: &ParamTree, base: Key, i: usize) -> Vec<Vec<f32>> {
-    let (id, s) = e.member(i);
-    tree.leaves()
+    support::decode::member_params(e, tree, base, i)
+        .leaves()
         .into_iter()
-        .enumerate()
-        .map(|(j, (_, a))| {
-            let theta = a.data();
-            let eps: Vec<f32> = match e.leaf_noise(base, j, a.shape(), id) {
-                LeafNoise::Full(eps) => eps,
-                LeafNoise::LowRank { a, b, m, k, r } => {
-                    let mut out = vec![0.0f32; m * k];
-                    for row in 0..m {
-                        for col in 0..k {
-                            let dot: f32 = (0..r).map(|q| a[row * r + q] * b[col * r + q]).sum();
-                            out[row * k + col] = dot / (r as f32).sqrt();
-                        }
-                    }
-                    out
-                }
-            };
-            theta
-                .iter()
-                .zip(&eps)
-                .map(|(t, eps)| t + s * e.sigma * eps)
-                .collect()
-        })
+        .map(|(_, a)| a.data().to_vec())
         .collect()
 }
 

@@ -15,10 +15,10 @@ use shardes::hlo::es::shaping::ShapingSpec;
 use shardes::hlo::es::strategy::from_spec;
 use shardes::hlo::es::{leaf_infos, How, Model, ShardedES, Strategy, StrategySpec};
 use shardes::runtime::{Client, HloModule};
-use support::rel_norm_diff;
 use support::tiny::{
     mlp_batch, mlp_on_8_devices, mlp_params, one_generation, Mlp, HIDDEN, IN, OUT, STRATEGIES,
 };
+use support::{hlo_offenders, member_by_matrix, rel_norm_diff};
 
 const N: usize = 64;
 /// Large enough that the update is of the order of the parameters, so `θ₁ − θ₀` carries
@@ -211,27 +211,6 @@ fn how_a_and_b_agree_and_place_the_contraction_as_described() {
     println!("A vs B max rel {worst:.3e}");
 }
 
-/// Whether an array shape holds at least two whole `m × k` matrices' worth of elements in
-/// a multiple of `m·k` (with prime `m`, `k` that only arises from a member × m × k value,
-/// flattened or not).
-fn member_by_matrix(dims: &[usize], m: usize, k: usize) -> bool {
-    let el: usize = dims.iter().product();
-    let has_both = dims.contains(&m) && dims.contains(&k) && dims.len() >= 3;
-    has_both || (el >= 2 * m * k && el.is_multiple_of(m * k))
-}
-
-fn hlo_offenders(hlo: &HloModule) -> Vec<String> {
-    hlo.instructions()
-        .filter(|i| i.shape.element_type != "tuple")
-        .filter(|i| {
-            MATRICES
-                .iter()
-                .any(|&(m, k)| member_by_matrix(&i.shape.dims, m, k))
-        })
-        .map(|i| format!("{} {}{:?}", i.opcode, i.shape.element_type, i.shape.dims))
-        .collect()
-}
-
 fn emitted_offenders(es: &ShardedES) -> Vec<String> {
     let params = mlp_params(1);
     let program = es
@@ -271,7 +250,7 @@ fn low_rank_never_forms_a_member_by_matrix_value() {
                 let emitted = emitted_offenders(&e);
                 let g = one_generation(&client, &e, &Mlp::PLAIN, &params, &batch);
                 let hlo = g.trainer.executable().optimized_hlo().expect("hlo");
-                let optimized = hlo_offenders(&hlo);
+                let optimized = hlo_offenders(&hlo, &MATRICES);
                 if low {
                     assert!(
                         emitted.is_empty(),

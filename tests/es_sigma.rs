@@ -27,8 +27,8 @@ use shardes::hlo::prng::{key, Key};
 use shardes::runtime::{Client, HloModule};
 use shardes::{HostFitness, SplitTrainer};
 use support::es::{base_key, Es, Inner, LeafNoise};
-use support::rel_norm_diff;
 use support::tiny::{mlp_batch, mlp_on_8_devices, mlp_params, one_generation, Mlp, BATCH, IN};
+use support::{member_by_matrix, rel_norm_diff};
 
 const N: usize = 64;
 const SIGMA: f32 = 0.1;
@@ -305,14 +305,19 @@ fn per_leaf_sigma_matches_the_explicit_loop() {
     }
 }
 
-#[test]
-fn separable_sigma_equals_its_dense_form_in_the_forward_and_the_update() {
-    let client = Client::cpu(8).expect("8 CPU devices");
-    let sep: BTreeMap<String, (Vec<f32>, Vec<f32>)> = [
+/// Separable σ for the MLP's two matrices.
+fn mlp_separable() -> BTreeMap<String, (Vec<f32>, Vec<f32>)> {
+    [
         ("w1".to_string(), separable(7, 13, 0.1)),
         ("w2".to_string(), separable(5, 7, 0.45)),
     ]
-    .into();
+    .into()
+}
+
+#[test]
+fn separable_sigma_equals_its_dense_form_in_the_forward_and_the_update() {
+    let client = Client::cpu(8).expect("8 CPU devices");
+    let sep = mlp_separable();
     for strat in [
         "lowrank(r=1)",
         "mirrored(lowrank(r=3))",
@@ -372,13 +377,6 @@ fn slow_per_leaf_and_separable_sigma_are_device_count_invariant() {
     }
 }
 
-/// Whether a shape holds a member × m × k value (prime m and k: see `es_program`).
-fn member_by_matrix(dims: &[usize], m: usize, k: usize) -> bool {
-    let el: usize = dims.iter().product();
-    let has_both = dims.contains(&m) && dims.contains(&k) && dims.len() >= 3;
-    has_both || (el >= 2 * m * k && el.is_multiple_of(m * k))
-}
-
 const MATRICES: [(usize, usize); 2] = [(7, 13), (5, 7)];
 
 fn offenders(shapes: impl Iterator<Item = Vec<usize>>) -> Vec<Vec<usize>> {
@@ -398,11 +396,7 @@ fn hlo_shapes(hlo: &HloModule) -> Vec<Vec<usize>> {
 fn separable_low_rank_never_forms_a_member_by_matrix_value() {
     let (client, params, batch) = mlp_on_8_devices();
     let leaves = leaf_infos(&params);
-    let sep: BTreeMap<String, (Vec<f32>, Vec<f32>)> = [
-        ("w1".to_string(), separable(7, 13, 0.1)),
-        ("w2".to_string(), separable(5, 7, 0.45)),
-    ]
-    .into();
+    let sep = mlp_separable();
     for strat in [
         "lowrank(r=1)",
         "mirrored(lowrank(r=2))",

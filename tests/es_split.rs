@@ -19,8 +19,8 @@ use shardes::hlo::problems::transformer_block::TransformerBlock;
 use shardes::runtime::half::{bf16, f16};
 use shardes::runtime::{Client, CompileOptions};
 use shardes::{HostFitness, SplitTrainer, Trainer};
-use support::rel_norm_diff;
 use support::tiny::{mlp_on_8_devices, Mlp};
+use support::{rel_norm_diff, worst_leaf_diff};
 
 fn es(strat: &str, shaping: &str, devices: usize) -> ShardedES {
     ShardedES::new(
@@ -32,14 +32,6 @@ fn es(strat: &str, shaping: &str, devices: usize) -> ShardedES {
     )
     .expect("valid")
     .with_shaping(shaping.parse::<ShapingSpec>().expect("shaping").build())
-}
-
-fn worst_leaf_diff(a: &ParamTree, b: &ParamTree) -> f64 {
-    a.leaves()
-        .into_iter()
-        .zip(b.leaves())
-        .map(|((_, x), (_, y))| rel_norm_diff(x.data(), y.data()))
-        .fold(0.0, f64::max)
 }
 
 fn delta(after: &ParamTree, before: &ParamTree) -> Vec<Vec<f32>> {

@@ -83,9 +83,7 @@ fn unary_float_ops() {
     let x = sample();
     let pos: Vec<f32> = x.iter().map(|v| v.abs() + 0.1).collect();
     let unit: Vec<f32> = x.iter().map(|v| v / 3.5).collect();
-    let bx = c.buffer_from_host(&x, &[24], 0).unwrap();
-    let bp = c.buffer_from_host(&pos, &[24], 0).unwrap();
-    let bu = c.buffer_from_host(&unit, &[24], 0).unwrap();
+    let [bx, bp, bu] = [&x, &pos, &unit].map(|v| c.buffer_from_host(v, &[24], 0).unwrap());
     let m = module(|f| {
         let x = f.arg("x", TensorType::f32(&[24]))?;
         let p = f.arg("p", TensorType::f32(&[24]))?;

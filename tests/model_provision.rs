@@ -52,6 +52,15 @@ fn lock_env() -> std::sync::MutexGuard<'static, ()> {
     ENV.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Under [`lock_env`]: an empty cache as `SHARDES_CACHE_DIR` and no `SHARDES_MODEL_DIR`,
+/// each setting restored when its guard drops.
+fn empty_cache() -> (tempfile::TempDir, [EnvVar; 2]) {
+    let cache = tempfile::tempdir().unwrap();
+    let c = EnvVar::set("SHARDES_CACHE_DIR", Some(cache.path()));
+    let d = EnvVar::set(MODEL_DIR_ENV, None);
+    (cache, [c, d])
+}
+
 fn assert_pinned(path: &Path) {
     let m = named_model(NAME).unwrap();
     assert_eq!(
@@ -63,9 +72,7 @@ fn assert_pinned(path: &Path) {
 #[test]
 fn real_provisioning_then_repair() {
     let _env = lock_env();
-    let cache = tempfile::tempdir().unwrap();
-    let _c = EnvVar::set("SHARDES_CACHE_DIR", Some(cache.path()));
-    let _d = EnvVar::set(MODEL_DIR_ENV, None);
+    let (cache, _vars) = empty_cache();
     let m = named_model(NAME).unwrap();
     let want = m.cached_path(cache.path());
 
@@ -164,9 +171,7 @@ fn real_provisioning_then_repair() {
 #[test]
 fn without_python_the_error_gives_the_manual_steps() {
     let _env = lock_env();
-    let cache = tempfile::tempdir().unwrap();
-    let _c = EnvVar::set("SHARDES_CACHE_DIR", Some(cache.path()));
-    let _d = EnvVar::set(MODEL_DIR_ENV, None);
+    let (cache, _vars) = empty_cache();
     let _p = EnvVar::set("SHARDES_PYTHON", Some(Path::new("/nonexistent/python3")));
     let err = resolve_model(NAME).unwrap_err();
     let msg = err.to_string();

@@ -6,7 +6,7 @@
 
 mod support;
 
-use support::{ints, u32s};
+use support::{floats, ints, u32s, words};
 
 use serde_json::Value as Json;
 use shardes::hlo::builder::{self, Func, Module, TensorType, Value};
@@ -48,16 +48,6 @@ thread_local! {
 
 fn with_key(k: &[u32]) {
     KEY.with(|c| c.set(Key::from_data([k[0], k[1]])));
-}
-
-fn words(b: &[u8]) -> Vec<u32> {
-    b.chunks_exact(4)
-        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
-}
-
-fn floats(b: &[u8]) -> Vec<f32> {
-    words(b).into_iter().map(f32::from_bits).collect()
 }
 
 fn check_floats(what: &str, got: &[f32], e: &Json) {

@@ -13,6 +13,13 @@ use shardes::hlo::problems::transformer_block::TransformerBlock;
 use shardes::problem::memory::{self, MemorySource};
 use shardes::{Problem, ProblemError, Qwen2Source, Qwen2Weights};
 
+/// Checks that `text` contains each of `parts` (the message shows `text`).
+fn says(text: &str, parts: &[&str]) {
+    for part in parts {
+        assert!(text.contains(part), "{text}");
+    }
+}
+
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen2_tiny")
 }
@@ -133,15 +140,14 @@ fn a_layer_count_that_does_not_match_the_weights_names_the_tensors() {
     let msg = load_checkpoint(&fewer)
         .expect_err("fewer layers")
         .to_string();
-    assert!(
-        msg.contains("num_hidden_layers = 1 but the checkpoint holds 2 layers"),
-        "{msg}"
+    says(
+        &msg,
+        &[
+            "num_hidden_layers = 1 but the checkpoint holds 2 layers",
+            "`model.layers.1.input_layernorm.weight`",
+            "and 9 more",
+        ],
     );
-    assert!(
-        msg.contains("`model.layers.1.input_layernorm.weight`"),
-        "{msg}"
-    );
-    assert!(msg.contains("and 9 more"), "{msg}");
     // The headers alone show it (what `hlo` and `check` read).
     let config = read_hf_config(&fewer).unwrap().config;
     assert!(matches!(
@@ -156,10 +162,12 @@ fn a_layer_count_that_does_not_match_the_weights_names_the_tensors() {
         c["num_hidden_layers"] = 4.into()
     });
     let msg = load_checkpoint(&more).expect_err("more layers").to_string();
-    assert!(msg.contains("layers 2..4 are missing"), "{msg}");
-    assert!(
-        msg.contains("`model.layers.2.input_layernorm.weight`"),
-        "{msg}"
+    says(
+        &msg,
+        &[
+            "layers 2..4 are missing",
+            "`model.layers.2.input_layernorm.weight`",
+        ],
     );
     // The fixture itself matches.
     check_checkpoint(fixture(), &read_hf_config(fixture()).unwrap().config).expect("fixture");
@@ -195,7 +203,7 @@ fn non_finite_weights_are_refused_naming_the_tensor() {
             msg.contains(&format!("the first, {shown}, at element 17")),
             "{msg}"
         );
-        assert!(msg.contains("model.safetensors"), "{msg}");
+        says(&msg, &["model.safetensors"]);
         // The shapes need no values: a shapes-only problem still builds.
         let data = d.path().join("d.jsonl");
         std::fs::write(&data, "{\"prompt_ids\": [1], \"target_ids\": [2]}\n").unwrap();
@@ -225,8 +233,13 @@ fn examples_longer_than_the_models_positions_are_refused_with_their_line() {
         Problem::qwen2(&src, 0).err().unwrap(),
     ] {
         let msg = input_message(e);
-        assert!(msg.contains("d.jsonl:4: the example has 6 tokens"), "{msg}");
-        assert!(msg.contains("max_position_embeddings = 4"), "{msg}");
+        says(
+            &msg,
+            &[
+                "d.jsonl:4: the example has 6 tokens",
+                "max_position_embeddings = 4",
+            ],
+        );
     }
 }
 
@@ -239,7 +252,7 @@ fn a_random_preset_that_does_not_exist_is_named() {
         .err()
         .unwrap();
     let msg = input_message(e);
-    assert!(msg.contains("size = \"huge\""), "{msg}");
+    says(&msg, &["size = \"huge\""]);
     assert!(!msg.contains("size = 0"), "{msg}");
 }
 
@@ -302,9 +315,10 @@ fn a_problem_too_large_for_the_host_is_refused_before_allocating() {
         "{m:?}"
     );
     let msg = e.to_string();
-    assert!(msg.contains("d_model = 1000000"), "{msg}");
-    assert!(msg.contains("is available"), "{msg}");
-    assert!(msg.contains("lower d_model"), "{msg}");
+    says(
+        &msg,
+        &["d_model = 1000000", "is available", "lower d_model"],
+    );
     // The shapes of the same problem are cheap.
     let shapes = Problem::transformer_block_shapes(tb, 0).unwrap();
     assert_eq!(shapes.leaves[0].shape, [1_000_000, 1_000_000]);
@@ -378,12 +392,13 @@ fn broken_safetensors_files_are_described_once_naming_the_file() {
 #[test]
 fn an_index_naming_a_shard_outside_the_directory_is_refused() {
     let d = tempfile::tempdir().unwrap();
-    for shard in [
+    let shards = [
         "../model.safetensors",
         "/etc/passwd",
         "sub/x.safetensors",
         "",
-    ] {
+    ];
+    for shard in shards {
         let dir = checkpoint_with(&d.path().join(shard.replace('/', "_")), |_| {});
         let index = serde_json::json!({"weight_map": {"model.norm.weight": shard}});
         std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();

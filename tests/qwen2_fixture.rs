@@ -11,10 +11,14 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use shardes::hf::load_checkpoint;
-use shardes::hlo::problems::qwen2::{Qwen2, Qwen2Config};
+use shardes::hlo::problems::qwen2::Qwen2Config;
 use shardes::runtime::Client;
 use shardes::tokenizer::Tokenizer;
-use support::pretrained::run_one;
+use support::pretrained::greedy_tokens;
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen2_tiny")
+}
 
 #[derive(Deserialize)]
 struct Expected {
@@ -26,10 +30,6 @@ struct Expected {
     ids: Vec<Vec<i32>>,
     logits_shape: Vec<usize>,
     logits: Vec<f32>,
-}
-
-fn fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen2_tiny")
 }
 
 fn expected() -> Expected {
@@ -67,13 +67,7 @@ fn greedy_tokens_match_transformers_generate() {
     assert!(want.greedy_min_margin > 1e-3, "{}", want.greedy_min_margin);
     let client = Client::cpu(1).expect("cpu client");
     for (prompt, greedy) in want.prompt_ids.iter().zip(&want.greedy) {
-        let ids: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
-        let m = Qwen2::new(cfg.clone(), 1, ids.len())
-            .greedy_program(&tree, ids.len(), want.max_new_tokens)
-            .expect("build greedy");
-        let got = run_one(&client, &m, &tree, &ids, &[1, ids.len()])
-            .to_host::<i32>()
-            .expect("tokens");
+        let got = greedy_tokens(&client, &cfg, &tree, prompt, want.max_new_tokens);
         assert_eq!(&got, greedy, "prompt {prompt:?}");
     }
 }

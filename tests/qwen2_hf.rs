@@ -45,6 +45,11 @@ type Tensor = (String, Vec<usize>, Dtype, Vec<f32>);
 /// Edits the tensors of a checkpoint to break it in one way.
 type Breakage = Box<dyn Fn(&mut Vec<Tensor>)>;
 
+/// The tensor `name` of `t`.
+fn named<'a>(t: &'a mut [Tensor], name: &str) -> &'a mut Tensor {
+    t.iter_mut().find(|(n, ..)| n == name).expect(name)
+}
+
 fn encode(data: &[f32], dtype: Dtype) -> Vec<u8> {
     match dtype {
         Dtype::F32 => data.iter().flat_map(|x| x.to_le_bytes()).collect(),
@@ -156,24 +161,12 @@ fn loading_errors_name_the_tensor() {
         ),
         (
             "shape",
-            Box::new(|t| {
-                let e = t
-                    .iter_mut()
-                    .find(|(n, ..)| n == "model.norm.weight")
-                    .expect("norm");
-                e.1 = vec![2, 16];
-            }),
+            Box::new(|t| named(t, "model.norm.weight").1 = vec![2, 16]),
             "tensor `model.norm.weight` has shape [2, 16] but config.json implies [32]",
         ),
         (
             "dtype",
-            Box::new(|t| {
-                let e = t
-                    .iter_mut()
-                    .find(|(n, ..)| n == "model.layers.0.self_attn.q_proj.bias")
-                    .expect("bias");
-                e.2 = Dtype::F64;
-            }),
+            Box::new(|t| named(t, "model.layers.0.self_attn.q_proj.bias").2 = Dtype::F64),
             "tensor `model.layers.0.self_attn.q_proj.bias` is stored as F64",
         ),
     ];

@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 use shardes::finetune::{Completion, RewardTask, TextTask};
 use shardes::tasks::command::{CommandError, CommandSpec, RewardCommand, RewardRequest};
 use shardes::tasks::jsonl::{JsonlTask, QaItem};
-use shardes::tasks::{score_batch, Failure, Task, TaskError};
+use shardes::tasks::{score_batch, Failure, Scores, Task, TaskError};
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/reward/fixture.py")
@@ -56,6 +56,11 @@ fn requests<'a>(texts: &'a [String], item: &'a Value) -> Vec<RewardRequest<'a>> 
         .collect()
 }
 
+/// `c`'s answer to the [`requests`] for `texts` (of a prompt with no fields).
+fn score(c: &RewardCommand, texts: &[String]) -> Result<Scores, CommandError> {
+    c.score(&requests(texts, &json!({})))
+}
+
 fn texts(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("completion {i}")).collect()
 }
@@ -70,7 +75,6 @@ fn alive(pid: u32) -> bool {
 
 #[test]
 fn a_good_program_scores_in_any_order_and_text_round_trips_exactly() {
-    let item = json!({});
     // Every oddity a completion may hold: NUL, control characters, a lone-surrogate
     // escape as text, U+2028, non-BMP characters, quotes and backslashes, and 1 MB.
     let mut t: Vec<String> = vec![
@@ -85,12 +89,12 @@ fn a_good_program_scores_in_any_order_and_text_round_trips_exactly() {
     t.push("last".into());
     for mode in ["hash", "pairs"] {
         let c = command(mode, 10.0);
-        let s = c.score(&requests(&t, &item)).unwrap();
+        let s = score(&c, &t).unwrap();
         let want: Vec<f32> = t.iter().map(|x| hashed(x)).collect();
         assert_eq!(s.rewards, want, "{mode}");
         assert!(s.contained.is_empty(), "{mode}: {:?}", s.contained);
         // A second batch on the same process: ids stay unique, answers still match.
-        let s = c.score(&requests(&t[..2], &item)).unwrap();
+        let s = score(&c, &t[..2]).unwrap();
         assert_eq!(s.rewards, want[..2], "{mode}");
         assert_eq!(c.stats().starts, 1);
     }
@@ -125,10 +129,9 @@ fn a_missing_or_unexecutable_program_names_the_key() {
 
 #[test]
 fn silence_times_out_and_is_contained() {
-    let item = json!({});
     let c = command("silent", 0.3);
     let t0 = Instant::now();
-    let s = c.score(&requests(&texts(4), &item)).unwrap();
+    let s = score(&c, &texts(4)).unwrap();
     assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
     assert_eq!(s.contained.len(), 4);
     assert!(s.contained.iter().all(|x| x.failure == Failure::NoAnswer));
@@ -138,21 +141,19 @@ fn silence_times_out_and_is_contained() {
 
 #[test]
 fn binary_lines_are_counted_and_contained() {
-    let item = json!({});
     // The timeout is waited in full (no answer ever matches): short, but longer than
     // Python's start on a loaded machine.
     let c = command("binary", 2.0);
-    let s = c.score(&requests(&texts(3), &item)).unwrap();
+    let s = score(&c, &texts(3)).unwrap();
     assert_eq!(s.contained.len(), 3);
     assert_eq!(c.stats().bad_lines, 3);
 }
 
 #[test]
 fn floods_of_stdout_and_stderr_neither_block_nor_exhaust_memory() {
-    let item = json!({});
     let c = command("flood", 20.0);
     let t = texts(5);
-    let s = c.score(&requests(&t, &item)).unwrap();
+    let s = score(&c, &t).unwrap();
     let want: Vec<f32> = t.iter().map(|x| hashed(x)).collect();
     assert_eq!(s.rewards, want);
     // The 3 MB line and the 10,000 short ones.
@@ -161,33 +162,29 @@ fn floods_of_stdout_and_stderr_neither_block_nor_exhaust_memory() {
 
 #[test]
 fn late_answers_are_contained_then_ignored_as_stray() {
-    let item = json!({});
     let c = command("sleep", 0.3);
-    let s = c.score(&requests(&texts(1), &item)).unwrap();
-    assert_eq!(s.contained.len(), 1);
+    assert_eq!(score(&c, &texts(1)).unwrap().contained.len(), 1);
     // The late answer arrives before the next batch, whose id differs.
     std::thread::sleep(Duration::from_millis(1500));
     let t = texts(1);
-    let s = c.score(&requests(&t, &item)).unwrap();
+    let s = score(&c, &t).unwrap();
     assert_eq!(c.stats().stray_answers, 1, "{s:?}");
     assert_eq!(s.rewards, vec![hashed(&t[0])]);
 }
 
 #[test]
 fn answers_for_ids_not_asked_are_ignored_and_counted() {
-    let item = json!({});
     let c = command("stray", 5.0);
-    let s = c.score(&requests(&texts(3), &item)).unwrap();
+    let s = score(&c, &texts(3)).unwrap();
     assert_eq!(s.rewards, vec![1.0; 3]);
     assert_eq!(c.stats().stray_answers, 3);
 }
 
 #[test]
 fn rewards_that_are_not_finite_numbers_are_contained_at_once() {
-    let item = json!({});
     let c = command("nonfinite", 30.0);
     let t0 = Instant::now();
-    let s = c.score(&requests(&texts(6), &item)).unwrap();
+    let s = score(&c, &texts(6)).unwrap();
     // No timeout was waited for: each bad answer names its id.
     assert!(t0.elapsed() < Duration::from_secs(10));
     let idx: Vec<usize> = s.contained.iter().map(|x| x.index).collect();
@@ -202,13 +199,12 @@ fn rewards_that_are_not_finite_numbers_are_contained_at_once() {
 
 #[test]
 fn a_program_that_keeps_exiting_is_restarted_then_an_error_with_its_stderr() {
-    let item = json!({});
     let c = RewardCommand::new(spec("exit", 5.0, 2)).unwrap();
     // Process 1 dies, restart 1 gets the batch again and dies: contained.
-    let s = c.score(&requests(&texts(2), &item)).unwrap();
+    let s = score(&c, &texts(2)).unwrap();
     assert_eq!(s.contained.len(), 2);
     // Restart 2 dies; a third is not allowed.
-    let e = c.score(&requests(&texts(2), &item)).unwrap_err();
+    let e = score(&c, &texts(2)).unwrap_err();
     assert_eq!(c.stats().starts, 3);
     let msg = e.to_string();
     assert!(
@@ -227,9 +223,8 @@ fn a_program_that_dies_once_gets_the_batch_again() {
     let mut sp = spec("dies_once", 5.0, 1);
     sp.command.push(marker.display().to_string());
     let c = RewardCommand::new(sp).unwrap();
-    let item = json!({});
     let t = texts(3);
-    let s = c.score(&requests(&t, &item)).unwrap();
+    let s = score(&c, &t).unwrap();
     assert_eq!(s.rewards, t.iter().map(|x| hashed(x)).collect::<Vec<_>>());
     assert_eq!(c.stats().starts, 2);
 }
@@ -245,12 +240,8 @@ fn the_program_and_its_children_are_gone_after_drop() {
     );
     let c = RewardCommand::new(CommandSpec::new(vec!["sh".into(), "-c".into(), script])).unwrap();
     assert_eq!(c.pid(), None, "started lazily");
-    let item = json!({});
     let t = texts(1);
-    assert_eq!(
-        c.score(&requests(&t, &item)).unwrap().rewards,
-        vec![hashed(&t[0])]
-    );
+    assert_eq!(score(&c, &t).unwrap().rewards, vec![hashed(&t[0])]);
     let pid = c.pid().unwrap();
     let sleeper: u32 = std::fs::read_to_string(&pidfile)
         .unwrap()

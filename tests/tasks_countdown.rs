@@ -421,34 +421,18 @@ fn task_reward_scores_puzzles() {
 
 #[test]
 fn bad_settings_are_refused() {
-    let bad = [
-        CountdownConfig {
-            min_numbers: 1,
-            ..CountdownConfig::default()
-        },
-        CountdownConfig {
-            min_numbers: 5,
-            max_numbers: 4,
-            ..CountdownConfig::default()
-        },
-        CountdownConfig {
-            max_numbers: 7,
-            ..CountdownConfig::default()
-        },
-        CountdownConfig {
-            min_number: 0,
-            ..CountdownConfig::default()
-        },
-        CountdownConfig {
-            max_number: 100_000,
-            ..CountdownConfig::default()
-        },
-        CountdownConfig {
-            max_target: 0,
-            ..CountdownConfig::default()
-        },
+    // Each an edit of the default config.
+    let bad: [fn(&mut CountdownConfig); 6] = [
+        |c| c.min_numbers = 1,
+        |c| (c.min_numbers, c.max_numbers) = (5, 4),
+        |c| c.max_numbers = 7,
+        |c| c.min_number = 0,
+        |c| c.max_number = 100_000,
+        |c| c.max_target = 0,
     ];
-    for c in bad {
+    for edit in bad {
+        let mut c = CountdownConfig::default();
+        edit(&mut c);
         let err = CountdownTask::new(c.clone()).unwrap_err();
         assert!(matches!(err, TaskError::Config(_)), "{c:?}: {err}");
     }

@@ -201,32 +201,8 @@ impl Population<Decode> {
         key: Key,
         config: DecodeConfig,
     ) -> Result<PopulationDecoder, Error> {
-        Self::with_state(client, es, decoder, params, key, 0, config)
-    }
-
-    /// [`Population::<Decode>::new`] from a saved state (`params` and the `generation` the
-    /// next decode/tell pair runs), for resuming: the same keys, so the same sampled tokens.
-    pub fn with_state<D: Decoder + Clone>(
-        client: &Client,
-        es: &ShardedES,
-        decoder: D,
-        params: &ParamTree,
-        key: Key,
-        generation: u32,
-        config: DecodeConfig,
-    ) -> Result<PopulationDecoder, Error> {
-        let place = Place::Alone;
-        Self::placed(
-            client,
-            es,
-            decoder,
-            params,
-            key,
-            generation,
-            config,
-            place,
-            CompileWhen::Now,
-        )
+        let (place, when) = (Place::Alone, CompileWhen::Now);
+        Self::placed(client, es, decoder, params, key, 0, config, place, when)
     }
 
     /// A decoder for evaluation only: greedy completions of `params`

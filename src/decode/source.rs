@@ -65,7 +65,7 @@ impl LoadedQwen2 {
 
 impl PopulationDecoder {
     /// The population decoder of a loaded Qwen2 at generation 0 (its parameters and key);
-    /// resume with [`PopulationDecoder::with_state`] and `loaded.decoder(&config)`.
+    /// resume with [`PopulationDecoder::placed`] and `loaded.decoder(&config)`.
     pub fn from_qwen2(
         client: &Client,
         es: &ShardedES,

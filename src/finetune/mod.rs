@@ -438,29 +438,32 @@ mod tests {
         }
     }
 
-    fn run(grouped: bool) -> (GenerationReport, Vec<Vec<f32>>) {
-        let task = TargetToken::new(TargetTokenConfig {
-            token: 1,
-            vocab: 8,
-            prompt_tokens: 3,
+    /// A loop over `task` decoding `prompts` prompts a generation, ids as text.
+    fn reward_loop(task: TargetToken, prompts: usize, grouped: bool) -> RewardLoop {
+        let settings = RewardSettings {
+            seed: 0,
+            prompts,
+            grouped,
+        };
+        let codec = TextCodec::new(None, None, None);
+        RewardLoop::new(Box::new(task), codec, settings, None).unwrap()
+    }
+
+    fn target(token: u32, vocab: u32, prompt_tokens: usize) -> TargetToken {
+        TargetToken::new(TargetTokenConfig {
+            token,
+            vocab,
+            prompt_tokens,
         })
-        .unwrap();
+        .unwrap()
+    }
+
+    fn run(grouped: bool) -> (GenerationReport, Vec<Vec<f32>>) {
         let mut sampler = Fixed {
             n: 3,
             generation: 0,
         };
-        let settings = RewardSettings {
-            seed: 0,
-            prompts: 2,
-            grouped,
-        };
-        let mut lp = RewardLoop::new(
-            Box::new(task),
-            TextCodec::new(None, None, None),
-            settings,
-            None,
-        )
-        .unwrap();
+        let mut lp = reward_loop(target(1, 8, 3), 2, grouped);
         let r = lp.score(&mut sampler).unwrap();
         // What the population tells with.
         let told = vec![r.fitness.clone()];
@@ -481,12 +484,7 @@ mod tests {
 
     #[test]
     fn evaluation_scores_the_plain_completions() {
-        let task = TargetToken::new(TargetTokenConfig {
-            token: 1,
-            vocab: 2,
-            prompt_tokens: 4,
-        })
-        .unwrap();
+        let task = target(1, 2, 4);
         let held = TargetToken::held_out(&task, 5).unwrap();
         let expect: Vec<f64> = held
             .iter()
@@ -496,18 +494,7 @@ mod tests {
             n: 2,
             generation: 4,
         };
-        let settings = RewardSettings {
-            seed: 0,
-            prompts: 1,
-            grouped: false,
-        };
-        let mut lp = RewardLoop::new(
-            Box::new(task),
-            TextCodec::new(None, None, None),
-            settings,
-            None,
-        )
-        .unwrap();
+        let mut lp = reward_loop(task, 1, false);
         let e = lp.evaluate(&mut sampler, 5, 2).unwrap();
         assert_eq!(e.generation, 4);
         assert_eq!(e.prompts, 5);

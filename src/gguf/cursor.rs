@@ -5,8 +5,17 @@
 
 use std::path::Path;
 
-use super::reader::{to_usize, MAX_DEPTH};
 use super::{GgufError, MetaValue};
+
+/// The deepest array nesting followed; model files nest none, and the limit keeps a
+/// hostile file from overflowing the stack.
+pub(crate) const MAX_DEPTH: usize = 8;
+
+/// A count already checked against the file's length, as usize (saturating: on a 32-bit
+/// target a count that large could not have passed the check anyway).
+pub(crate) fn to_usize(n: u64) -> usize {
+    usize::try_from(n).unwrap_or(usize::MAX)
+}
 
 /// A position in the file's bytes; every read checks the bytes that remain.
 pub(crate) struct Cursor<'a> {
@@ -23,6 +32,17 @@ impl<'a> Cursor<'a> {
             offset: self.pos as u64,
             need,
             len: self.bytes.len() as u64,
+        }
+    }
+
+    /// The error for the unknown value type `type_id` of metadata key `key`, read at byte
+    /// `at`.
+    fn bad_type(&self, key: &str, type_id: u32, at: usize) -> GgufError {
+        GgufError::ValueType {
+            path: self.path.to_path_buf(),
+            key: key.to_string(),
+            type_id,
+            offset: at as u64,
         }
     }
 
@@ -126,14 +146,7 @@ impl<'a> Cursor<'a> {
             10 => MetaValue::U64(u64::from_le_bytes(self.array(what)?)),
             11 => MetaValue::I64(i64::from_le_bytes(self.array(what)?)),
             12 => MetaValue::F64(f64::from_le_bytes(self.array(what)?)),
-            type_id => {
-                return Err(GgufError::ValueType {
-                    path: self.path.to_path_buf(),
-                    key: key.to_string(),
-                    type_id,
-                    offset: at as u64,
-                })
-            }
+            type_id => return Err(self.bad_type(key, type_id, at)),
         })
     }
 
@@ -154,14 +167,7 @@ impl<'a> Cursor<'a> {
             4..=6 => 4,
             8 | 10..=12 => 8,
             9 => 12,
-            type_id => {
-                return Err(GgufError::ValueType {
-                    path: self.path.to_path_buf(),
-                    key: key.to_string(),
-                    type_id,
-                    offset: at as u64,
-                })
-            }
+            type_id => return Err(self.bad_type(key, type_id, at)),
         };
         let count = self.u64(|| format!("the item count of metadata key `{key}`"))?;
         self.fits(count, min, || {

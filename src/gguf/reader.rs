@@ -8,15 +8,11 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
-use super::cursor::Cursor;
+use super::cursor::{to_usize, Cursor};
 use super::{GgmlType, GgufError, MetaValue, TensorInfo};
 
 /// `general.alignment` when the file does not set it.
 const DEFAULT_ALIGNMENT: u64 = 32;
-
-/// The deepest array nesting followed; model files nest none, and the limit keeps a
-/// hostile file from overflowing the stack.
-pub(crate) const MAX_DEPTH: usize = 8;
 
 /// ggml's limit on a tensor's dimensions.
 const MAX_DIMS: u32 = 4;
@@ -163,12 +159,6 @@ pub(crate) fn parse(path: &Path, bytes: &[u8]) -> Result<Parsed, GgufError> {
     })
 }
 
-/// A count already checked against the file's length, as usize (saturating: on a 32-bit
-/// target a count that large could not have passed the check anyway).
-pub(crate) fn to_usize(n: u64) -> usize {
-    usize::try_from(n).unwrap_or(usize::MAX)
-}
-
 /// `general.alignment`: a u32 power of two, or the default.
 fn alignment(path: &Path, value: Option<&MetaValue>) -> Result<u64, GgufError> {
     match value {
@@ -269,6 +259,7 @@ fn check_overlaps(path: &Path, tensors: &[TensorInfo]) -> Result<(), GgufError> 
 
 #[cfg(test)]
 mod tests {
+    use super::super::cursor::MAX_DEPTH;
     use super::*;
 
     /// A header with `n_tensors` and `n_kv`, then `rest`.
@@ -350,9 +341,8 @@ mod tests {
     fn scalar_tensor_and_zero_dims_count() {
         // A 0-dimensional F32 tensor: one value, shape [].
         let mut t = string(b"s");
-        t.extend(0u32.to_le_bytes());
-        t.extend(0u32.to_le_bytes());
-        t.extend(0u64.to_le_bytes());
+        // 0 dimensions (u32), type 0 = F32 (u32), offset 0 (u64).
+        t.extend([0u8; 16]);
         let mut b = file(3, 1, 0, &t);
         b.resize(64, 0);
         b.extend(1.5f32.to_le_bytes());

@@ -221,30 +221,8 @@ impl Population<Outputs> {
         key: Key,
         generation: u32,
     ) -> Result<Population<Outputs>, Error> {
-        Self::compiled(client, es, model, params, key, generation, CompileWhen::Now)
-    }
-
-    /// [`Population::<Outputs>::with_state`], compiling the outputs and tell programs
-    /// `when` asked.
-    pub fn compiled(
-        client: &Client,
-        es: &ShardedES,
-        model: &dyn MemberOutputs,
-        params: &ParamTree,
-        key: Key,
-        generation: u32,
-        when: CompileWhen,
-    ) -> Result<Population<Outputs>, Error> {
-        Self::placed(
-            client,
-            es,
-            model,
-            params,
-            key,
-            generation,
-            Place::Alone,
-            when,
-        )
+        let (place, when) = (Place::Alone, CompileWhen::Now);
+        Self::placed(client, es, model, params, key, generation, place, when)
     }
 
     /// The outputs population of `model` placed by `place`.

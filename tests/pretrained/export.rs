@@ -251,8 +251,9 @@ fn gguf_f16_and_q8_0_exports_are_within_their_rounding() {
 }
 
 /// A copy of the converter's F32 file with a chat template added (written with the
-/// writer under test, which so also copies every key type the file holds).
-fn gguf_with_chat_template(dir: &Path) -> PathBuf {
+/// writer under test, which so also copies every key type the file holds): its path, the
+/// file opened as a source, and its parameters.
+fn gguf_with_chat_template(dir: &Path) -> (PathBuf, Source, ParamTree) {
     let src = GgufFile::open(fixtures().join("gguf/llama_tiny_f32.gguf")).unwrap();
     let mut metadata: Vec<(String, MetaValue)> = src
         .metadata()
@@ -282,17 +283,17 @@ fn gguf_with_chat_template(dir: &Path) -> PathBuf {
     let path = dir.join("with_template.gguf");
     let mut f = std::fs::File::create(&path).unwrap();
     gguf::write_gguf(&mut f, &metadata, &tensors).unwrap();
-    path
+    let src = Source::open(&path).unwrap();
+    let (_, params) = pretrained::load(&path).unwrap();
+    (path, src, params)
 }
 
 #[test]
 fn gguf_source_keeps_its_tokenizer_and_chat_template_in_both_formats() {
     let d = tempfile::tempdir().unwrap();
-    let src_path = gguf_with_chat_template(d.path());
-    let src = Source::open(&src_path).unwrap();
-    let (_, params) = pretrained::load(&src_path).unwrap();
-
     let g = d.path().join("out.gguf");
+    let (src_path, src, params) = gguf_with_chat_template(d.path());
+
     export::to_gguf(&src, &params, &g, GgufType::F32, false).unwrap();
     let (a, b) = (
         GgufFile::open(&src_path).unwrap(),
@@ -477,8 +478,8 @@ fn existing_targets_need_force_and_are_replaced_whole() {
 
 #[test]
 fn bad_targets_are_refused_before_anything_is_written() {
-    let d = tempfile::tempdir().unwrap();
     let (src, params) = source("qwen2_tiny");
+    let d = tempfile::tempdir().unwrap();
     let file = d.path().join("a_file");
     std::fs::write(&file, "x").unwrap();
     let e = export::to_gguf(&src, &params, &file.join("m.gguf"), GgufType::F32, false).unwrap_err();
@@ -489,14 +490,8 @@ fn bad_targets_are_refused_before_anything_is_written() {
     );
     let e = export::to_hf(&src, &params, &file.join("sub/hf"), HfDtype::F32, false).unwrap_err();
     assert!(e.to_string().contains("a_file is a file"), "{e}");
-    let e = export::to_hf(
-        &src,
-        &params,
-        &d.path().join("no/such/hf"),
-        HfDtype::F32,
-        false,
-    )
-    .unwrap_err();
+    let missing = d.path().join("no/such/hf");
+    let e = export::to_hf(&src, &params, &missing, HfDtype::F32, false).unwrap_err();
     assert!(matches!(e, ExportError::ParentMissing { .. }), "{e}");
     assert!(e.to_string().contains("does not exist"), "{e}");
 
@@ -568,16 +563,10 @@ fn params_of_another_model_are_refused_naming_the_tensor() {
 
 #[test]
 fn settings_a_gguf_file_cannot_hold_are_refused_leaving_nothing() {
-    let d = tempfile::tempdir().unwrap();
     let (src, params) = source("llama_tiny");
-    let e = export::to_gguf(
-        &src,
-        &params,
-        &d.path().join("m.gguf"),
-        GgufType::F32,
-        false,
-    )
-    .unwrap_err();
+    let d = tempfile::tempdir().unwrap();
+    let target = d.path().join("m.gguf");
+    let e = export::to_gguf(&src, &params, &target, GgufType::F32, false).unwrap_err();
     assert!(matches!(e, ExportError::Unsupported { .. }), "{e}");
     assert!(
         e.to_string().contains("rope_scaling") && e.to_string().contains("--hf"),
@@ -589,9 +578,7 @@ fn settings_a_gguf_file_cannot_hold_are_refused_leaving_nothing() {
 #[test]
 fn a_directorys_byte_level_tokenizer_becomes_gguf_tokenizer_keys() {
     let d = tempfile::tempdir().unwrap();
-    let gguf_src = gguf_with_chat_template(d.path());
-    let src = Source::open(&gguf_src).unwrap();
-    let (_, params) = pretrained::load(&gguf_src).unwrap();
+    let (gguf_src, src, params) = gguf_with_chat_template(d.path());
     // GGUF → directory (tokenizer.json rebuilt) → GGUF (tokenizer keys converted back).
     let hf = d.path().join("hf");
     export::to_hf(&src, &params, &hf, HfDtype::F32, false).unwrap();

@@ -307,22 +307,21 @@ fn special_ids_must_be_in_the_vocabulary() {
 
 #[test]
 fn added_bos_or_eos_must_be_named() {
-    let mut v = tiny();
-    v.add_bos = true;
-    v.bos = None;
-    let e = build_err(&v);
-    assert!(
-        matches!(e, GgufTokenizerError::MissingSpecial { which: "bos" }),
-        "{e:?}"
-    );
-    let mut v = tiny();
-    v.add_eos = true;
-    v.eos = None;
-    let e = build_err(&v);
-    assert!(
-        matches!(e, GgufTokenizerError::MissingSpecial { which: "eos" }),
-        "{e:?}"
-    );
+    // Each: the token added, then unnamed.
+    type Edit = fn(&mut GgufVocab);
+    let unnamed: [(&str, Edit); 2] = [
+        ("bos", |v| (v.add_bos, v.bos) = (true, None)),
+        ("eos", |v| (v.add_eos, v.eos) = (true, None)),
+    ];
+    for (which, edit) in unnamed {
+        let mut v = tiny();
+        edit(&mut v);
+        let e = build_err(&v);
+        assert!(
+            matches!(e, GgufTokenizerError::MissingSpecial { which: w } if w == which),
+            "{e:?}"
+        );
+    }
 }
 
 #[test]

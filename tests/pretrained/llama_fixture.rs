@@ -10,9 +10,9 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::support::pretrained::run_one;
+use crate::support::pretrained::greedy_tokens;
 use serde::Deserialize;
-use shardes::hlo::problems::qwen2::{Qwen2, RopeScaling};
+use shardes::hlo::problems::qwen2::RopeScaling;
 use shardes::pretrained;
 use shardes::runtime::Client;
 
@@ -85,13 +85,7 @@ fn greedy_matches(name: &str) {
     assert!(want.greedy_min_margin > 1e-3, "{}", want.greedy_min_margin);
     let client = Client::cpu(1).expect("cpu client");
     for (prompt, greedy) in want.prompt_ids.iter().zip(&want.greedy) {
-        let ids: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
-        let m = Qwen2::new(info.config.clone(), 1, ids.len())
-            .greedy_program(&tree, ids.len(), want.max_new_tokens)
-            .expect("build greedy");
-        let got = run_one(&client, &m, &tree, &ids, &[1, ids.len()])
-            .to_host::<i32>()
-            .expect("tokens");
+        let got = greedy_tokens(&client, &info.config, &tree, prompt, want.max_new_tokens);
         assert_eq!(&got, greedy, "{name}: prompt {prompt:?}");
     }
 }

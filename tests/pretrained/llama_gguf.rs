@@ -31,6 +31,9 @@ use shardes::hlo::params::ParamTree;
 use shardes::hlo::problems::qwen2::Qwen2Config;
 use shardes::pretrained::{self, ModelError};
 
+use crate::gguf_read::find_once;
+use crate::support::says;
+
 /// The F32 file's logits against transformers' f32 ones.
 const F32_LOGITS_TOL: f32 = 1e-4;
 /// The Q8_0 file's logits against transformers' logits of the unquantized model.
@@ -160,24 +163,6 @@ fn q8_file_is_within_one_quantization_step_and_its_logits_within_tolerance() {
     assert!(worst > 1e-3, "logits off by only {worst:e}: not quantized?");
 }
 
-/// The offset of the only occurrence of `needle` in `bytes`.
-fn find_once(bytes: &[u8], needle: &[u8]) -> usize {
-    let hits: Vec<usize> = bytes
-        .windows(needle.len())
-        .enumerate()
-        .filter(|(_, w)| *w == needle)
-        .map(|(i, _)| i)
-        .collect();
-    assert_eq!(
-        hits.len(),
-        1,
-        "{:?} occurs {} times",
-        String::from_utf8_lossy(needle),
-        hits.len()
-    );
-    hits[0]
-}
-
 /// The offset of the value of metadata key `key`, after its u32 type, which must be `ty`
 /// (4: u32, 8: string).
 fn value_at(bytes: &[u8], key: &str, ty: u32) -> usize {
@@ -225,7 +210,7 @@ fn an_unknown_architecture_is_refused_listing_the_known_ones() {
         b[at + 12] = b'q';
     });
     let text = message(pretrained::load(&path), &path);
-    assert!(text.contains("general.architecture = `llamq`"), "{text}");
+    says(&text, &["general.architecture = `llamq`"]);
     for family in shardes::family::FAMILIES {
         for arch in family.gguf_architectures {
             assert!(text.contains(&format!("`{arch}`")), "{text} lacks {arch}");
@@ -240,10 +225,7 @@ fn a_missing_required_key_is_named() {
         b[at..at + 17].copy_from_slice(b"llama.block_c0unt");
     });
     let text = message(pretrained::read_info(&path), &path);
-    assert!(
-        text.contains("metadata key `llama.block_count` is missing"),
-        "{text}"
-    );
+    says(&text, &["metadata key `llama.block_count` is missing"]);
 }
 
 #[test]
@@ -272,10 +254,12 @@ fn a_tensor_shape_that_does_not_fit_the_keys_names_both_shapes() {
 fn a_layer_past_block_count_is_refused() {
     let (_dir, path) = mutated(|b| set_u32(b, "llama.block_count", 2, 1));
     let text = message(pretrained::load(&path), &path);
-    assert!(text.contains("tensor `blk.1."), "{text}");
-    assert!(
-        text.contains("is of layer 1, but the file's block_count is 1"),
-        "{text}"
+    says(
+        &text,
+        &[
+            "tensor `blk.1.",
+            "is of layer 1, but the file's block_count is 1",
+        ],
     );
 }
 
@@ -283,9 +267,9 @@ fn a_layer_past_block_count_is_refused() {
 fn an_unsupported_rope_scaling_is_named() {
     let path = gguf("llama_tiny_yarn.gguf");
     let text = message(pretrained::read_info(&path), &path);
-    assert!(
-        text.contains("`llama.rope.scaling.type` = `yarn` is not supported"),
-        "{text}"
+    says(
+        &text,
+        &["`llama.rope.scaling.type` = `yarn` is not supported"],
     );
 }
 
@@ -295,13 +279,13 @@ fn a_path_that_is_neither_a_directory_nor_gguf_is_refused() {
     let path = dir.path().join("model.bin");
     std::fs::write(&path, b"PK\x03\x04 not a model").expect("write");
     let text = message(pretrained::read_info(&path), &path);
-    assert!(
-        text.contains("is neither a Hugging Face model directory nor a GGUF file"),
-        "{text}"
+    says(
+        &text,
+        &["is neither a Hugging Face model directory nor a GGUF file"],
     );
     let missing = dir.path().join("absent");
     let text = message(pretrained::read_info(&missing), &missing);
-    assert!(text.contains("is neither"), "{text}");
+    says(&text, &["is neither"]);
     // A `.gguf` name with other bytes goes to the GGUF reader, which names the file.
     let fake = dir.path().join("fake.gguf");
     std::fs::write(&fake, b"not a GGUF file at all").expect("write");

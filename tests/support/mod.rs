@@ -89,11 +89,66 @@ pub fn sub(a: &[f32], b: &[f32]) -> Vec<f32> {
 /// `‖a − b‖₂ / ‖b‖₂`, computed in f64.
 pub fn rel_norm_diff(a: &[f32], b: &[f32]) -> f64 {
     assert_eq!(a.len(), b.len(), "length mismatch");
-    let num: f64 = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (f64::from(*x) - f64::from(*y)).powi(2))
+    let num: f64 = (0..a.len())
+        .map(|i| (f64::from(a[i]) - f64::from(b[i])).powi(2))
         .sum();
     let den: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
     (num / den).sqrt()
+}
+
+/// The largest [`rel_norm_diff`] over two trees' leaves, in leaf order.
+pub fn worst_leaf_diff(
+    a: &shardes::hlo::params::ParamTree,
+    b: &shardes::hlo::params::ParamTree,
+) -> f64 {
+    a.leaves()
+        .into_iter()
+        .zip(b.leaves())
+        .map(|((_, x), (_, y))| rel_norm_diff(x.data(), y.data()))
+        .fold(0.0, f64::max)
+}
+
+/// Whether an array shape holds at least two whole `m × k` matrices' worth of elements in
+/// a multiple of `m·k` (with prime `m`, `k` that only arises from a member × m × k value,
+/// flattened or not).
+pub fn member_by_matrix(dims: &[usize], m: usize, k: usize) -> bool {
+    let el: usize = dims.iter().product();
+    let has_both = dims.contains(&m) && dims.contains(&k) && dims.len() >= 3;
+    has_both || (el >= 2 * m * k && el.is_multiple_of(m * k))
+}
+
+/// The instructions of `hlo` holding a member × m × k value of one of `matrices`, as
+/// `opcode type[dims]`.
+pub fn hlo_offenders(
+    hlo: &shardes::runtime::HloModule,
+    matrices: &[(usize, usize)],
+) -> Vec<String> {
+    hlo.instructions()
+        .filter(|i| i.shape.element_type != "tuple")
+        .filter(|i| {
+            matrices
+                .iter()
+                .any(|&(m, k)| member_by_matrix(&i.shape.dims, m, k))
+        })
+        .map(|i| format!("{} {}{:?}", i.opcode, i.shape.element_type, i.shape.dims))
+        .collect()
+}
+
+/// `b` read as little-endian u32 words (a device buffer's bytes).
+pub fn words(b: &[u8]) -> Vec<u32> {
+    b.chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// `b` read as little-endian f32s.
+pub fn floats(b: &[u8]) -> Vec<f32> {
+    words(b).into_iter().map(f32::from_bits).collect()
+}
+
+/// Checks that `text` contains each of `parts` (the message shows `text`).
+pub fn says(text: &str, parts: &[&str]) {
+    for part in parts {
+        assert!(text.contains(part), "{text}");
+    }
 }

@@ -3,6 +3,7 @@
 
 use shardes::hlo::builder::Module;
 use shardes::hlo::params::ParamTree;
+use shardes::hlo::problems::qwen2::{Qwen2, Qwen2Config};
 use shardes::runtime::{Buffer, Client, CompileOptions};
 
 /// Compiles `m` for one device and runs it on `tree`'s leaves (in the tree's order) and
@@ -48,4 +49,22 @@ pub fn logits_error(
         .zip(want)
         .map(|(g, w)| (g - w).abs())
         .fold(0.0f32, f32::max)
+}
+
+/// The greedy tokens `config` on `tree` decodes after the token ids `prompt`, `max_new` of
+/// them.
+pub fn greedy_tokens(
+    client: &Client,
+    config: &Qwen2Config,
+    tree: &ParamTree,
+    prompt: &[u32],
+    max_new: usize,
+) -> Vec<i32> {
+    let ids: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
+    let m = Qwen2::new(config.clone(), 1, ids.len())
+        .greedy_program(tree, ids.len(), max_new)
+        .expect("build greedy");
+    run_one(client, &m, tree, &ids, &[1, ids.len()])
+        .to_host::<i32>()
+        .expect("tokens")
 }

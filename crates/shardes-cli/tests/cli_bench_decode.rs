@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{refused, shardes, text, write};
+use common::{json_file, mirrored_es, ok_flags, refused, s, write};
 
 /// A decode config small enough to compile and run in well under a minute.
 fn decode_config(extra: &str) -> String {
@@ -15,12 +15,8 @@ batch = 2
 prompt_len = 4
 max_new = 3
 {extra}
-[es]
-strategy = "mirrored(lowrank(r=1))"
-n = 8
-sigma = 0.01
-lr = 0.01
-"#
+{}"#,
+        mirrored_es(8, 0.01, 0.01)
     )
 }
 
@@ -29,25 +25,12 @@ fn bench_on_a_decode_config_prints_the_ratio_and_writes_json() {
     let d = tempfile::tempdir().unwrap();
     let c = write(d.path(), "d.toml", &decode_config(""));
     let json = d.path().join("r.json");
-    let o = shardes(&[
-        "bench",
-        &c.to_string_lossy(),
-        "--generations",
-        "2",
-        "--warmup",
-        "0",
-        "--json",
-        &json.to_string_lossy(),
-    ]);
-    let (table, stderr) = text(&o);
-    assert!(o.status.success(), "{table}\n{stderr}");
-    assert!(
-        table.contains("ES decode") && table.contains("plain decode"),
-        "{table}"
-    );
-    assert!(table.contains("tokens/s ratio"), "{table}");
-    let r: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let flags = "--generations 2 --warmup 0 --json";
+    let (table, _) = ok_flags("bench", &c, flags, &[s(&json)]);
+    for want in ["ES decode", "plain decode", "tokens/s ratio"] {
+        assert!(table.contains(want), "{table}");
+    }
+    let r = json_file(&json);
     assert_eq!(r["tokens_per_call"], 8 * 2 * 3);
     assert!(r["ratio"].as_f64().unwrap() > 0.0);
     assert!(r["es"]["tokens_per_s"].as_f64().unwrap() > 0.0);

@@ -3,26 +3,12 @@
 
 mod common;
 
-use common::{refused, shardes, text, write};
+use common::{json_file, ok_flags, qwen2_ids_config, refused, s, small_config, write};
 
 fn qwen2_config(dir: &std::path::Path, size: &str) -> std::path::PathBuf {
-    let data = write(
-        dir,
-        "d.jsonl",
-        "{\"prompt_ids\": [1, 2, 3], \"target_ids\": [4, 5]}\n\
-         {\"prompt_ids\": [6, 7], \"target_ids\": [8, 9, 10]}\n",
-    );
-    write(
-        dir,
-        "q.toml",
-        &format!(
-            "devices = 2\n[problem]\nname = \"qwen2\"\nsize = \"{size}\"\ndata = \"{}\"\n\
-             [es]\nstrategy = \"mirrored(lowrank(r=1))\"\nn = 8\nsigma = 0.01\nlr = 0.01\n\
-             [run]\ngenerations = 1\nout = \"{}\"\n",
-            data.display(),
-            dir.join("out").display()
-        ),
-    )
+    let data = "{\"prompt_ids\": [1, 2, 3], \"target_ids\": [4, 5]}\n\
+                {\"prompt_ids\": [6, 7], \"target_ids\": [8, 9, 10]}\n";
+    qwen2_ids_config(dir, size, data)
 }
 
 #[test]
@@ -30,27 +16,13 @@ fn bench_of_a_qwen2_config_reports_tokens_per_second() {
     let d = tempfile::tempdir().unwrap();
     let c = qwen2_config(d.path(), "tiny");
     let json = d.path().join("b.json");
-    let o = shardes(&[
-        "bench",
-        &c.to_string_lossy(),
-        "--layers",
-        "1",
-        "--generations",
-        "1",
-        "--warmup",
-        "0",
-        "--gemm-size",
-        "0",
-        "--json",
-        &json.to_string_lossy(),
-    ]);
-    let (stdout, stderr) = text(&o);
-    assert!(o.status.success(), "{stdout}\n{stderr}");
-    assert!(stdout.contains("tokens/s: generation (how B)"), "{stdout}");
-    assert!(stdout.contains("1 layers"), "{stdout}");
+    let flags = "--layers 1 --generations 1 --warmup 0 --gemm-size 0 --json";
+    let (stdout, _) = ok_flags("bench", &c, flags, &[s(&json)]);
+    for want in ["tokens/s: generation (how B)", "1 layers"] {
+        assert!(stdout.contains(want), "{stdout}");
+    }
     assert!(!stdout.contains("of GEMM peak"), "no FLOP lines: {stdout}");
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let v = json_file(&json);
     // Two sequences of prompt + target − 1 = 4 tokens: batch 2 × seq 4.
     assert_eq!(v["tokens_per_member"], 8, "{v}");
     assert_eq!(v["report"]["n"], 8);
@@ -85,11 +57,8 @@ fn a_size_of_dimensions_with_a_bad_value_is_refused_naming_it() {
 #[test]
 fn layers_is_refused_for_other_problems() {
     let d = tempfile::tempdir().unwrap();
-    let c = write(
-        d.path(),
-        "c.toml",
-        &common::small_config(&d.path().join("out"), 1, 1),
-    );
+    let text = small_config(&d.path().join("out"), 1, 1);
+    let c = write(d.path(), "c.toml", &text);
     refused(
         &["bench", &c.to_string_lossy(), "--layers", "2"],
         "--layers is for qwen2 configs",

@@ -15,14 +15,8 @@ fn a_bf16_run_trains_and_differs_from_the_f32_run() {
     let mut finals = Vec::new();
     for dtype in ["f32", "bf16"] {
         let out = d.path().join(dtype);
-        let c = write(
-            d.path(),
-            &format!("{dtype}.toml"),
-            &with_dtype(&out, &format!("compute_dtype = \"{dtype}\"")),
-        );
-        let o = shardes(&["run", &c.to_string_lossy()]);
-        let (stdout, stderr) = text(&o);
-        assert!(o.status.success(), "{dtype}: {stdout}\n{stderr}");
+        let text = with_dtype(&out, &format!("compute_dtype = \"{dtype}\""));
+        ok(&["run", s(&write(d.path(), &format!("{dtype}.toml"), &text))]);
         let m = metrics(&out);
         assert_eq!(m.len(), 3, "{dtype}: one metrics line per generation");
         let last = m.last().unwrap();
@@ -52,24 +46,23 @@ fn a_bf16_run_trains_and_differs_from_the_f32_run() {
 fn compute_dtype_errors_name_the_key_and_the_valid_values() {
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("out");
-    let bad = write(
-        d.path(),
-        "bad.toml",
-        &with_dtype(&out, "compute_dtype = \"fp8\""),
-    );
-    refused(
-        &["run", &bad.to_string_lossy()],
-        "es.compute_dtype: unknown compute dtype \"fp8\"",
-        "valid: f32, bf16",
-    );
-    let wrong = write(
-        d.path(),
-        "wrong.toml",
-        &with_dtype(&out, "compute_dtype = 16"),
-    );
-    refused(
-        &["check", &wrong.to_string_lossy()],
-        "es.compute_dtype must be a string",
-        "\"bf16\"",
-    );
+    for (sub, name, line, what, hint) in [
+        (
+            "run",
+            "bad.toml",
+            "compute_dtype = \"fp8\"",
+            "es.compute_dtype: unknown compute dtype \"fp8\"",
+            "valid: f32, bf16",
+        ),
+        (
+            "check",
+            "wrong.toml",
+            "compute_dtype = 16",
+            "es.compute_dtype must be a string",
+            "\"bf16\"",
+        ),
+    ] {
+        let c = write(d.path(), name, &with_dtype(&out, line));
+        refused(&[sub, s(&c)], what, hint);
+    }
 }

@@ -11,57 +11,34 @@ use std::path::Path;
 
 use common::*;
 
-/// Runs the binary from the repository root (the examples' paths are relative to it).
-fn at_repo(args: &[&str]) -> std::process::Output {
-    bin()
-        .current_dir(repo())
-        .args(args)
-        .output()
-        .expect("spawning shardes")
-}
-
-/// A small target_token reward config (token ids, no tokenizer): 2 devices, n = 4, two
-/// prompts of 4 tokens, 4 new tokens each; `extra` goes into `[task]`.
+/// A target_token reward config (2 devices, n = 4, two prompts of 4 token ids, 4 new tokens
+/// each, 3 generations); `extra` goes into `[task]`.
 fn target_token(out: &Path, extra: &str, eval: bool) -> String {
-    format!(
-        r#"devices = 2
-[problem]
-name = "qwen2"
-size = "tiny"
-[es]
-strategy = "mirrored(lowrank(r=1))"
-n = 4
-sigma = 0.05
-lr = 0.05
-[task]
-name = "target_token"
-token = 7
-prompts = 2
-prompt_tokens = 4
-prompt_len = 4
-max_new_tokens = 4
-{extra}
-{}
-[run]
-seed = 0
-generations = 3
-out = "{}"
-"#,
-        if eval {
+    TargetToken {
+        task: extra,
+        eval: if eval {
             "[eval]\nevery = 2\nprompts = 2"
         } else {
             ""
         },
-        out.display()
-    )
+        run: "seed = 0\ngenerations = 3",
+        ..TargetToken::default()
+    }
+    .config(out)
+}
+
+/// `checkpoint = ` the tiny Qwen2 fixture (a `[problem]` line).
+fn fixture_checkpoint() -> String {
+    let fixture = repo().join("tests/fixtures/qwen2_tiny");
+    format!("checkpoint = \"{}\"", fixture.display())
 }
 
 #[test]
 fn check_on_the_countdown_example_prints_what_a_run_would_do() {
-    let o = at_repo(&["check", "examples/countdown_tiny.toml"]);
-    let (stdout, stderr) = text(&o);
-    assert_eq!(o.status.code(), Some(0), "{stdout}\n{stderr}");
-    for want in [
+    let (stdout, _) = exited(&at_repo(&["check", "examples/countdown_tiny.toml"]), 0);
+    has_all(
+        &stdout,
+        &[
         "ok: qwen2 (random tiny, 2 layers, d 32, vocab 128) decoding; reads all 26 leaves, \
          every 2-D leaf through a seam",
         "population: mirrored(lowrank(r=1)) n = 32 on 8 device(s) (4 per device, member chunk 4), \
@@ -76,9 +53,8 @@ fn check_on_the_countdown_example_prints_what_a_run_would_do() {
         "at generations 0, 5, 10 (3 evaluations), 3 samples each, to \
          runs/countdown_tiny/eval.jsonl",
         "programs: decode and tell, and the held-out decode",
-    ] {
-        assert!(stdout.contains(want), "missing {want:?} in:\n{stdout}");
-    }
+        ],
+    );
     let o = at_repo(&["check", "--json", "examples/countdown_tiny.toml"]);
     assert_eq!(o.status.code(), Some(0));
     let doc: serde_json::Value = serde_json::from_slice(&o.stdout).expect("one JSON object");
@@ -93,42 +69,32 @@ fn check_on_the_countdown_example_prints_what_a_run_would_do() {
 #[test]
 fn check_on_a_checkpoint_task_reads_its_positions_and_ids() {
     let dir = tempfile::tempdir().unwrap();
-    let fixture = repo().join("tests/fixtures/qwen2_tiny");
-    let config = target_token(&dir.path().join("out"), "", false).replace(
-        "size = \"tiny\"",
-        &format!("checkpoint = \"{}\"", fixture.display()),
-    );
-    let cfg = write(dir.path(), "t.toml", &config);
-    let o = shardes(&["check", cfg.to_str().unwrap()]);
-    let (stdout, stderr) = text(&o);
-    assert_eq!(o.status.code(), Some(0), "{stdout}\n{stderr}");
+    let config = target_token(&dir.path().join("out"), "", false)
+        .replace("size = \"tiny\"", &fixture_checkpoint());
+    let (stdout, _) = ok(&["check", s(&write(dir.path(), "t.toml", &config))]);
     // The fixture: max_position_embeddings 64, eos and pad 0 (generation_config.json).
-    assert!(
-        stdout.contains("= 8 positions of the model's 64; eos [0], pad 0"),
-        "{stdout}"
+    has_all(
+        &stdout,
+        &[
+            "= 8 positions of the model's 64; eos [0], pad 0",
+            "eval: none (no [eval] section)",
+            "programs: decode and tell (",
+        ],
     );
-    assert!(
-        stdout.contains("eval: none (no [eval] section)"),
-        "{stdout}"
-    );
-    assert!(stdout.contains("programs: decode and tell ("), "{stdout}");
 }
 
 #[test]
 fn bad_task_configs_exit_2_naming_the_key_in_check_and_diag() {
     let dir = tempfile::tempdir().unwrap();
+    let checkpoint = fixture_checkpoint();
     let out = dir.path().join("out");
-    let fixture = repo().join("tests/fixtures/qwen2_tiny");
-    let checkpoint = format!("checkpoint = \"{}\"", fixture.display());
-    let countdown = std::fs::read_to_string(repo().join("examples/countdown_tiny.toml"))
-        .unwrap()
-        .replace(
-            "examples/countdown_tokenizer.json",
-            &repo()
-                .join("examples/countdown_tokenizer.json")
-                .display()
-                .to_string(),
-        );
+    let countdown = example("countdown_tiny.toml").replace(
+        "examples/countdown_tokenizer.json",
+        &repo()
+            .join("examples/countdown_tokenizer.json")
+            .display()
+            .to_string(),
+    );
     let cases: Vec<(String, &str)> = vec![
         // A countdown prompt of "numbers a b c target t answer" needs more than 4 tokens.
         (
@@ -212,28 +178,19 @@ fn a_task_config_decodes_a_custom_dimensions_model_in_check_and_run() {
         .replace("size = \"tiny\"", &format!("size = \"{CUSTOM}\""))
         .replace("generations = 3", "generations = 2");
     let cfg = write(dir.path(), "custom.toml", &config);
-    let o = shardes(&["check", cfg.to_str().unwrap()]);
-    let (stdout, stderr) = text(&o);
-    assert_eq!(o.status.code(), Some(0), "{stdout}\n{stderr}");
+    let (stdout, _) = ok(&["check", s(&cfg)]);
     assert!(
         stdout.starts_with(&format!(
             "ok: qwen2 (random {CUSTOM}, 1 layers, d 16, vocab 64) decoding; reads all 14 leaves"
         )),
         "{stdout}"
     );
-    let o = shardes(&["run", cfg.to_str().unwrap()]);
-    let (stdout, stderr) = text(&o);
-    assert_eq!(o.status.code(), Some(0), "{stdout}\n{stderr}");
+    let (stdout, _) = ok(&["run", s(&cfg)]);
     assert!(
         stdout.contains("decoding: 3408 parameters in 14 leaves"),
         "{stdout}"
     );
-    let lines = |name: &str| {
-        std::fs::read_to_string(out.join(name))
-            .unwrap_or_else(|e| panic!("{name}: {e}"))
-            .lines()
-            .count()
-    };
+    let lines = |name: &str| json_lines(&out.join(name)).len();
     assert_eq!(lines("metrics.jsonl"), 2);
     // Generations 0 and 2 (every = 2, and the last).
     assert_eq!(lines("eval.jsonl"), 2);
@@ -258,20 +215,10 @@ fn a_task_config_decodes_a_custom_dimensions_model_in_check_and_run() {
 #[test]
 fn diag_compiles_the_programs_of_a_reward_run() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = write(
-        dir.path(),
-        "t.toml",
-        &target_token(&dir.path().join("out"), "", true),
-    );
+    let out = dir.path().join("out");
+    let cfg = write(dir.path(), "t.toml", &target_token(&out, "", true));
     let json = dir.path().join("diag.json");
-    let o = shardes(&[
-        "diag",
-        cfg.to_str().unwrap(),
-        "--json",
-        json.to_str().unwrap(),
-    ]);
-    let (stdout, stderr) = text(&o);
-    assert_eq!(o.status.code(), Some(0), "{stdout}\n{stderr}");
+    let (stdout, _) = ok(&["diag", s(&cfg), "--json", s(&json)]);
     assert!(
         stdout.starts_with(
             "mirrored(lowrank(r=1)), n=4 devices=2: qwen2 (random tiny, 2 layers, d 32, vocab \
@@ -279,24 +226,24 @@ fn diag_compiles_the_programs_of_a_reward_run() {
         ),
         "{stdout}"
     );
-    for want in [
-        "program                      layers",
-        "emitted ops by kind (decode):",
-        "memory (decode): arguments",
-        "memory (tell): arguments",
-        "memory (eval): arguments",
-        "host peak RSS after compiling every program: ",
-    ] {
-        assert!(stdout.contains(want), "missing {want:?} in:\n{stdout}");
-    }
+    has_all(
+        &stdout,
+        &[
+            "program                      layers",
+            "emitted ops by kind (decode):",
+            "memory (decode): arguments",
+            "memory (tell): arguments",
+            "memory (eval): arguments",
+            "host peak RSS after compiling every program: ",
+        ],
+    );
     let rows: Vec<&str> = stdout
         .lines()
         .filter(|l| l.starts_with("decode ") || l.starts_with("tell ") || l.starts_with("eval "))
         .collect();
     assert_eq!(rows.len(), 3, "{stdout}");
     assert!(rows[2].starts_with("eval (plain)"), "{stdout}");
-    let entries: Vec<serde_json::Value> =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let entries: Vec<serde_json::Value> = serde_json::from_value(json_file(&json)).unwrap();
     let names: Vec<&str> = entries
         .iter()
         .map(|e| e["program"].as_str().unwrap())
@@ -317,47 +264,38 @@ fn diag_compiles_the_programs_of_a_reward_run() {
     );
     assert!(!entries[1]["collectives"].as_object().unwrap().is_empty());
     // Without [eval] the run compiles no held-out decode.
-    let cfg = write(
-        dir.path(),
-        "t2.toml",
-        &target_token(&dir.path().join("out"), "", false),
-    );
-    let o = shardes(&["diag", cfg.to_str().unwrap()]);
-    let (stdout, stderr) = text(&o);
-    assert_eq!(o.status.code(), Some(0), "{stdout}\n{stderr}");
+    let cfg = write(dir.path(), "t2.toml", &target_token(&out, "", false));
+    let (stdout, _) = ok(&["diag", s(&cfg)]);
     assert!(!stdout.contains("memory (eval)"), "{stdout}");
 }
 
 #[test]
 fn check_and_diag_on_the_mujoco_examples() {
-    let o = at_repo(&["check", "examples/cartpole_mujoco.toml"]);
-    let (stdout, stderr) = text(&o);
-    assert_eq!(o.status.code(), Some(0), "{stdout}\n{stderr}");
-    for want in [
-        "ok: control examples/mujoco/cartpole.xml (MuJoCo, ",
-        "its policy step reads all 4 leaves, every 2-D leaf through a seam",
-        "population: mirrored(lowrank(r=1)) n = 64 on 8 device(s)",
-        "episodes: 64 members x 8 episodes of at most 500 steps per generation",
-        "policy: widths [4, 16, 1]",
-        "programs: policy step and tell",
-    ] {
-        assert!(stdout.contains(want), "missing {want:?} in:\n{stdout}");
-    }
-    let o = at_repo(&["check", "examples/reacher_mujoco.toml"]);
-    let (stdout, stderr) = text(&o);
-    assert_eq!(o.status.code(), Some(0), "{stdout}\n{stderr}");
+    let at_repo_ok = |args: &[&str]| exited(&at_repo(args), 0).0;
+    let stdout = at_repo_ok(&["check", "examples/cartpole_mujoco.toml"]);
+    has_all(
+        &stdout,
+        &[
+            "ok: control examples/mujoco/cartpole.xml (MuJoCo, ",
+            "its policy step reads all 4 leaves, every 2-D leaf through a seam",
+            "population: mirrored(lowrank(r=1)) n = 64 on 8 device(s)",
+            "episodes: 64 members x 8 episodes of at most 500 steps per generation",
+            "policy: widths [4, 16, 1]",
+            "programs: policy step and tell",
+        ],
+    );
+    let stdout = at_repo_ok(&["check", "examples/reacher_mujoco.toml"]);
     assert!(stdout.contains("policy: widths [8, 16, 2]"), "{stdout}");
-    let o = at_repo(&["diag", "examples/cartpole_mujoco.toml"]);
-    let (stdout, stderr) = text(&o);
-    assert_eq!(o.status.code(), Some(0), "{stdout}\n{stderr}");
-    for want in [
-        "emitted ops by kind (policy step):",
-        "memory (policy step): arguments",
-        "memory (tell): arguments",
-        "host peak RSS after compiling every program: ",
-    ] {
-        assert!(stdout.contains(want), "missing {want:?} in:\n{stdout}");
-    }
+    let stdout = at_repo_ok(&["diag", "examples/cartpole_mujoco.toml"]);
+    has_all(
+        &stdout,
+        &[
+            "emitted ops by kind (policy step):",
+            "memory (policy step): arguments",
+            "memory (tell): arguments",
+            "host peak RSS after compiling every program: ",
+        ],
+    );
     assert!(
         stdout.lines().any(|l| l.starts_with("policy step ")),
         "{stdout}"
@@ -367,29 +305,18 @@ fn check_and_diag_on_the_mujoco_examples() {
 /// A qwen2 config of `size` on the example data (tokenized by the fixture's tokenizer).
 fn sized(size: &str) -> String {
     format!(
-        r#"[problem]
-name = "qwen2"
-size = "{size}"
-tokenizer = "{}"
-data = "{}"
-[es]
-strategy = "mirrored(lowrank(r=1))"
-n = 16
-sigma = 0.01
-lr = 0.01
-[run]
-generations = 1
-"#,
+        "[problem]\nname = \"qwen2\"\nsize = \"{size}\"\ntokenizer = \"{}\"\ndata = \"{}\"\n{}\
+         [run]\ngenerations = 1\n",
         repo()
             .join("tests/fixtures/qwen2_tiny/tokenizer.json")
             .display(),
-        repo().join("examples/qwen2_tiny.jsonl").display()
+        repo().join("examples/qwen2_tiny.jsonl").display(),
+        mirrored_es(16, 0.01, 0.01)
     )
 }
 
 #[test]
 fn a_bad_qwen2_size_lists_every_accepted_form_and_each_is_accepted() {
-    let dir = tempfile::tempdir().unwrap();
     let forms = [
         "tiny",
         "0.5b",
@@ -398,6 +325,7 @@ fn a_bad_qwen2_size_lists_every_accepted_form_and_each_is_accepted() {
         "qwen2.5-1.5b",
         "vocab=4096,d=256,ffn=1024,layers=4,heads=4,kv=2",
     ];
+    let dir = tempfile::tempdir().unwrap();
     for bad in ["huge", "vocab=128,dd=32", "vocab=128,d=33"] {
         let cfg = write(dir.path(), "bad.toml", &sized(bad));
         let o = shardes(&["check", cfg.to_str().unwrap()]);
@@ -429,9 +357,7 @@ fn a_bad_qwen2_size_lists_every_accepted_form_and_each_is_accepted() {
     // Every form the hint names is one the parser accepts.
     for form in forms {
         let cfg = write(dir.path(), "ok.toml", &sized(form));
-        let o = shardes(&["check", cfg.to_str().unwrap()]);
-        let (stdout, stderr) = text(&o);
-        assert_eq!(o.status.code(), Some(0), "{form}: {stdout}\n{stderr}");
+        let (stdout, _) = ok(&["check", s(&cfg)]);
         assert!(
             stdout.starts_with("ok: qwen2 reads all"),
             "{form}: {stdout}"
@@ -443,9 +369,7 @@ fn a_bad_qwen2_size_lists_every_accepted_form_and_each_is_accepted() {
 /// programs with `diag`) stays valid; `check` reads no parameter, so this is quick.
 #[test]
 fn the_0_5b_reward_bench_config_checks() {
-    let o = at_repo(&["check", "benches/reward_0_5b.toml"]);
-    let (stdout, stderr) = text(&o);
-    assert_eq!(o.status.code(), Some(0), "{stdout}\n{stderr}");
+    let (stdout, _) = exited(&at_repo(&["check", "benches/reward_0_5b.toml"]), 0);
     assert!(
         stdout.starts_with(
             "ok: qwen2 (random 0.5b, 24 layers, d 896, vocab 151936) decoding; reads all 290 \
@@ -455,12 +379,11 @@ fn the_0_5b_reward_bench_config_checks() {
     );
     // A decode's members are one batch where the memory allows (es::ChunkPolicy::Batch):
     // all 8 here (2.7 MiB each against es::BATCH_BYTES).
-    assert!(
-        stdout.contains("n = 8 on 1 device(s) (8 per device, member chunk 8)"),
-        "{stdout}"
-    );
-    assert!(
-        stdout.contains("8 members x 2 prompts = 16 rows of prompt_len 16 + max_new_tokens 16"),
-        "{stdout}"
+    has_all(
+        &stdout,
+        &[
+            "n = 8 on 1 device(s) (8 per device, member chunk 8)",
+            "8 members x 2 prompts = 16 rows of prompt_len 16 + max_new_tokens 16",
+        ],
     );
 }

@@ -186,44 +186,59 @@ fn bad_control_settings_are_refused_with_a_hint() {
         .into_owned()
     };
     let valid = "cartpole_balance, cartpole_swingup, pendulum, acrobot, mountain_car";
-    refused(
-        &["run", &cfg("env = \"cartpol_balance\"")],
-        "problem.env: unknown environment \"cartpol_balance\"",
-        &format!("did you mean \"cartpole_balance\"? valid: {valid}"),
-    );
-    refused(
-        &["check", &cfg("env = \"walker\"")],
-        "unknown environment \"walker\"",
-        &format!("valid environments: {valid}"),
-    );
-    refused(
-        &["run", &cfg("episodes = 2")],
-        "problem \"control\" needs problem.env",
-        valid,
-    );
-    refused(
-        &["run", &cfg("env = \"pendulum\"\nepisodes = 0")],
-        "problem.episodes = 0",
-        "at least 1",
-    );
-    refused(
-        &["run", &cfg("env = \"pendulum\"\nepisode_length = 0")],
-        "problem.episode_length = 0",
-        "at least 1",
-    );
-    refused(
-        &["run", &cfg("env = \"pendulum\"\nhidden = [8, 0]")],
-        "problem.hidden = 0",
-        "hidden = [] is a linear policy",
-    );
-    refused(
-        &["run", &cfg("env = \"pendulum\"\nseq = 4")],
-        "problem.seq does not apply to problem \"control\"",
-        "control reads: env, episodes, episode_length, hidden",
-    );
-    refused(
-        &["run", &cfg("env = \"pendulum\"\nepisodes = -1")],
-        "(`episodes = -1`)",
-        "type of each key",
-    );
+    let suggested = format!("did you mean \"cartpole_balance\"? valid: {valid}");
+    let listed = format!("valid environments: {valid}");
+    let pendulum = |line: &str| format!("env = \"pendulum\"\n{line}");
+    for (sub, problem, what, hint) in [
+        (
+            "run",
+            "env = \"cartpol_balance\"".to_string(),
+            "problem.env: unknown environment \"cartpol_balance\"",
+            suggested.as_str(),
+        ),
+        (
+            "check",
+            "env = \"walker\"".to_string(),
+            "unknown environment \"walker\"",
+            &listed,
+        ),
+        (
+            "run",
+            "episodes = 2".to_string(),
+            "problem \"control\" needs problem.env",
+            valid,
+        ),
+        (
+            "run",
+            pendulum("episodes = 0"),
+            "problem.episodes = 0",
+            "at least 1",
+        ),
+        (
+            "run",
+            pendulum("episode_length = 0"),
+            "problem.episode_length = 0",
+            "at least 1",
+        ),
+        (
+            "run",
+            pendulum("hidden = [8, 0]"),
+            "problem.hidden = 0",
+            "hidden = [] is a linear policy",
+        ),
+        (
+            "run",
+            pendulum("seq = 4"),
+            "problem.seq does not apply to problem \"control\"",
+            "control reads: env, episodes, episode_length, hidden",
+        ),
+        (
+            "run",
+            pendulum("episodes = -1"),
+            "(`episodes = -1`)",
+            "type of each key",
+        ),
+    ] {
+        refused(&[sub, &cfg(&problem)], what, hint);
+    }
 }

@@ -19,6 +19,19 @@ fn config(out: &Path, generations: usize, every: usize, tensorboard: bool) -> St
     )
 }
 
+/// [`config`] writing to `dir/run`, written to `dir/name`: the run directory and the config.
+fn config_in(
+    dir: &Path,
+    name: &str,
+    generations: usize,
+    every: usize,
+    tensorboard: bool,
+) -> (PathBuf, PathBuf) {
+    let out = dir.join("run");
+    let cfg = write(dir, name, &config(&out, generations, every, tensorboard));
+    (out, cfg)
+}
+
 /// The event files under `out/tb`, in name order (creation order within a second).
 fn event_files(out: &Path) -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(out.join("tb"))
@@ -55,6 +68,13 @@ fn expected(out: &Path, from: u32) -> Vec<(String, i64, f32)> {
         .collect()
 }
 
+/// Checks that `out` holds `generations` metrics lines and that its event files hold the
+/// scalars of generations `from..`.
+fn assert_scalars(out: &Path, generations: usize, from: u32) {
+    assert_eq!(metrics(out).len(), generations);
+    assert_eq!(tb_scalars(out), expected(out, from));
+}
+
 fn assert_svg(path: &Path) {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let doc = roxmltree::Document::parse(&text).expect("curves.svg is XML");
@@ -64,11 +84,8 @@ fn assert_svg(path: &Path) {
 #[test]
 fn a_run_leaves_curves_and_tensorboard_scalars_that_match_its_metrics() {
     let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("run");
-    let cfg = write(dir.path(), "c.toml", &config(&out, 4, 2, true));
-    let o = shardes(&["run", cfg.to_str().unwrap()]);
-    let (stdout, stderr) = text(&o);
-    assert!(o.status.success(), "{stdout}\n{stderr}");
+    let (out, cfg) = config_in(dir.path(), "c.toml", 4, 2, true);
+    let (stdout, stderr) = ok(&["run", s(&cfg)]);
     assert!(!stderr.contains("warning"), "{stderr}");
     assert_svg(&out.join("curves.svg"));
     let line = stdout
@@ -84,8 +101,7 @@ fn a_run_leaves_curves_and_tensorboard_scalars_that_match_its_metrics() {
         "{line}"
     );
     assert_eq!(event_files(&out).len(), 1);
-    assert_eq!(metrics(&out).len(), 4);
-    assert_eq!(tb_scalars(&out), expected(&out, 0));
+    assert_scalars(&out, 4, 0);
 }
 
 /// `run.tensorboard` is an output setting: turning it on for a resume is accepted, and the
@@ -93,21 +109,15 @@ fn a_run_leaves_curves_and_tensorboard_scalars_that_match_its_metrics() {
 #[test]
 fn tensorboard_can_be_turned_on_for_a_resume() {
     let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("run");
-    let off = write(dir.path(), "off.toml", &config(&out, 2, 0, false));
-    let o = shardes(&["run", off.to_str().unwrap()]);
-    let (stdout, stderr) = text(&o);
-    assert!(o.status.success(), "{stdout}\n{stderr}");
+    let (out, off) = config_in(dir.path(), "off.toml", 2, 0, false);
+    let (stdout, _) = ok(&["run", s(&off)]);
     assert_svg(&out.join("curves.svg"));
     assert!(!out.join("tb").exists());
     assert!(!stdout.contains("tensorboard --logdir"), "{stdout}");
 
-    let on = write(dir.path(), "on.toml", &config(&out, 4, 0, true));
-    let o = shardes(&["run", on.to_str().unwrap(), "--resume"]);
-    let (stdout, stderr) = text(&o);
-    assert!(o.status.success(), "{stdout}\n{stderr}");
-    assert_eq!(metrics(&out).len(), 4);
-    assert_eq!(tb_scalars(&out), expected(&out, 2));
+    let (_, on) = config_in(dir.path(), "on.toml", 4, 0, true);
+    ok(&["run", s(&on), "--resume"]);
+    assert_scalars(&out, 4, 2);
 }
 
 /// The curves are redrawn at every checkpoint, not only at the end: a long run has them
@@ -115,8 +125,7 @@ fn tensorboard_can_be_turned_on_for_a_resume() {
 #[test]
 fn curves_appear_at_the_first_checkpoint_of_a_running_run() {
     let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("run");
-    let cfg = write(dir.path(), "c.toml", &config(&out, 1_000_000, 2, true));
+    let (out, cfg) = config_in(dir.path(), "c.toml", 1_000_000, 2, true);
     let mut child = bin()
         .args(["run", cfg.to_str().unwrap()])
         .stdout(Stdio::piped())

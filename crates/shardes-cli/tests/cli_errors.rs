@@ -2,55 +2,70 @@
 
 mod common;
 
-use std::path::Path;
-
 use common::*;
 
-fn with(dir: &Path, from: &str, to: &str) -> String {
-    let base = small_config(&dir.join("out"), 2, 1);
-    assert!(base.contains(from), "{from:?} not in the base config");
-    let text = base.replace(from, to);
-    write(dir, "c.toml", &text).to_string_lossy().into_owned()
+/// [`refused`] on `shardes SUB C` for each `(SUB, from, to, what, hint)`: C the small config
+/// with `from` replaced by `to`.
+fn refused_edits(cases: &[(&str, &str, &str, &str, &str)]) {
+    let d = tempfile::tempdir().unwrap();
+    for &(sub, from, to, what, hint) in cases {
+        refused(&[sub, &small_with(d.path(), from, to)], what, hint);
+    }
 }
 
 #[test]
 fn unknown_key_names_the_nearest_valid_key() {
-    let d = tempfile::tempdir().unwrap();
-    let c = with(d.path(), "sigma = 0.01", "sigmaa = 0.01");
-    refused(
-        &["run", &c],
-        "unknown key `es.sigmaa`",
-        "did you mean `sigma`?",
-    );
-    let c = with(d.path(), "devices = 2", "device = 2");
-    refused(
-        &["run", &c],
-        "unknown key `device`",
-        "did you mean `devices`?",
-    );
+    refused_edits(&[
+        (
+            "run",
+            "sigma = 0.01",
+            "sigmaa = 0.01",
+            "unknown key `es.sigmaa`",
+            "did you mean `sigma`?",
+        ),
+        (
+            "run",
+            "devices = 2",
+            "device = 2",
+            "unknown key `device`",
+            "did you mean `devices`?",
+        ),
+    ]);
 }
 
 #[test]
 fn wrong_type_quotes_the_line() {
-    let d = tempfile::tempdir().unwrap();
-    let c = with(d.path(), "n = 32", "n = \"many\"");
-    refused(&["run", &c], "(`n = \"many\"`)", "type of each key");
-    let c = with(d.path(), "seed = 3", "seed = 1.5");
-    refused(&["check", &c], "seed = 1.5", "type of each key");
+    refused_edits(&[
+        (
+            "run",
+            "n = 32",
+            "n = \"many\"",
+            "(`n = \"many\"`)",
+            "type of each key",
+        ),
+        (
+            "check",
+            "seed = 3",
+            "seed = 1.5",
+            "seed = 1.5",
+            "type of each key",
+        ),
+    ]);
 }
 
 #[test]
 fn population_not_divisible_by_devices_times_pairing() {
-    let d = tempfile::tempdir().unwrap();
     // 2 devices × pairing 2: n must be a multiple of 4.
-    let c = with(d.path(), "n = 32", "n = 30");
-    refused(
-        &["run", &c],
+    refused_edits(&[(
+        "run",
+        "n = 32",
+        "n = 30",
         "es.n = 30 is not divisible by devices (2) × pairing (2",
         "multiple of 4, e.g. 28 or 32",
-    );
+    )]);
     // Without mirroring the pairing is 1: n must be a multiple of the device count.
-    let c = with(d.path(), "n = 32", "n = 31");
+    let d = tempfile::tempdir().unwrap();
+    let c = small_with(d.path(), "n = 32", "n = 31");
     let c2 = std::fs::read_to_string(&c)
         .unwrap()
         .replace("mirrored(lowrank(r=1))", "lowrank(r=1)");
@@ -60,46 +75,47 @@ fn population_not_divisible_by_devices_times_pairing() {
 
 #[test]
 fn unknown_strategy_and_shaping() {
-    let d = tempfile::tempdir().unwrap();
-    let c = with(d.path(), "mirrored(lowrank(r=1))", "mirrored(lowrnk(r=1))");
-    refused(&["run", &c], "es.strategy", "valid strategies");
-    let c = with(d.path(), "\"centered_ranks\"", "\"centred_ranks\"");
-    refused(
-        &["run", &c],
-        "unknown shaping \"centred_ranks\"",
-        "did you mean \"centered_ranks\"?",
-    );
-    let c = with(d.path(), "\"transformer_block\"", "\"transformer\"");
-    refused(&["check", &c], "unknown problem", "transformer_block");
+    refused_edits(&[
+        (
+            "run",
+            "mirrored(lowrank(r=1))",
+            "mirrored(lowrnk(r=1))",
+            "es.strategy",
+            "valid strategies",
+        ),
+        (
+            "run",
+            "\"centered_ranks\"",
+            "\"centred_ranks\"",
+            "unknown shaping \"centred_ranks\"",
+            "did you mean \"centered_ranks\"?",
+        ),
+        (
+            "check",
+            "\"transformer_block\"",
+            "\"transformer\"",
+            "unknown problem",
+            "transformer_block",
+        ),
+    ]);
 }
 
 #[test]
 fn missing_plugin_path() {
     let d = tempfile::tempdir().unwrap();
-    let missing = d.path().join("no_such_plugin.so");
-    let m = missing.to_str().unwrap();
-    let c = with(
-        d.path(),
-        "devices = 2",
-        &format!("plugin = \"{m}\"\ndevices = 2"),
-    );
+    let missing = d.path().join("no_such_plugin.so").display().to_string();
+    let m = missing.as_str();
+    let key = format!("plugin = \"{m}\"\ndevices = 2");
+    let c = small_with(d.path(), "devices = 2", &key);
     refused(&["run", &c], "does not exist", "check the path");
-    let c = with(d.path(), "devices = 2", "devices = 2");
-    refused(
-        &["run", &c, "--plugin", m],
-        "does not exist",
-        "check the path",
-    );
-    refused(
-        &["devices", "--plugin", m],
-        "does not exist",
-        "check the path",
-    );
-    refused(
-        &["hlo", &c, "--optimized", "--plugin", m],
-        "does not exist",
-        "check the path",
-    );
+    let c = small_with(d.path(), "devices = 2", "devices = 2");
+    for args in [
+        vec!["run", &c, "--plugin", m],
+        vec!["devices", "--plugin", m],
+        vec!["hlo", &c, "--optimized", "--plugin", m],
+    ] {
+        refused(&args, "does not exist", "check the path");
+    }
 }
 
 #[test]
@@ -107,7 +123,7 @@ fn out_dir_of_another_config_is_refused() {
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("out");
     foreign_state(&out, 2);
-    let c = with(d.path(), "lr = 0.01", "lr = 0.01");
+    let c = small_with(d.path(), "lr = 0.01", "lr = 0.01");
     refused(
         &["run", &c],
         "holds a run of another config (hash 0123456789abcdef",
@@ -148,10 +164,16 @@ fn missing_config_file_and_bad_usage() {
 
 #[test]
 fn toml_syntax_errors_name_line_column_and_text() {
-    let d = tempfile::tempdir().unwrap();
-    let c = with(d.path(), "[es]", "[es");
-    refused(&["run", &c], "not valid TOML at line", "TOML syntax");
-    refused(&["check", &c], "column 4 (`[es`)", "on that line");
+    refused_edits(&[
+        (
+            "run",
+            "[es]",
+            "[es",
+            "not valid TOML at line",
+            "TOML syntax",
+        ),
+        ("check", "[es]", "[es", "column 4 (`[es`)", "on that line"),
+    ]);
 }
 
 #[test]
@@ -173,13 +195,13 @@ fn plugin_paths_that_are_not_plugins_are_named() {
 
 #[test]
 fn floats_beyond_f32_are_named_as_written() {
-    let d = tempfile::tempdir().unwrap();
-    let c = with(d.path(), "sigma = 0.01", "sigma = 1e39");
-    refused(
-        &["run", &c],
+    refused_edits(&[(
+        "run",
+        "sigma = 0.01",
+        "sigma = 1e39",
         "es.sigma = 1e39 is beyond the float32 range",
         "set es.sigma",
-    );
+    )]);
 }
 
 #[test]

@@ -18,23 +18,11 @@ fn quadratic(strategy: &str, extra: &str) -> String {
 #[test]
 fn estimate_reports_every_coupling_and_draws_the_plot() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = write(
-        dir.path(),
-        "q.toml",
-        &quadratic("mirrored(lowrank(r=1))", ""),
-    );
+    let text = quadratic("mirrored(lowrank(r=1))", "");
+    let cfg = write(dir.path(), "q.toml", &text);
     let plot = dir.path().join("cos.svg");
-    let o = shardes(&[
-        "estimate",
-        cfg.to_str().unwrap(),
-        "--repeats",
-        "3",
-        "--n",
-        "8,32",
-        "--plot",
-        plot.to_str().unwrap(),
-    ]);
-    let (stdout, _) = exited(&o, 0);
+    let estimate = |args: &[&str]| ok(&[&["estimate", s(&cfg)][..], args].concat()).0;
+    let stdout = estimate(&["--repeats", "3", "--n", "8,32", "--plot", s(&plot)]);
     assert!(
         stdout.contains("reference  the analytic gradient"),
         "{stdout}"
@@ -56,9 +44,7 @@ fn estimate_reports_every_coupling_and_draws_the_plot() {
         "{svg:.200}"
     );
     // A full-rank strategy takes orthogonal_hd but not sobol: two rows per n.
-    let o = shardes(&[
-        "estimate",
-        cfg.to_str().unwrap(),
+    let stdout = estimate(&[
         "--repeats",
         "2",
         "--n",
@@ -66,7 +52,6 @@ fn estimate_reports_every_coupling_and_draws_the_plot() {
         "--strategies",
         "mirrored(seed_regenerated); mirrored(seed_regenerated(coupling=orthogonal_hd))",
     ]);
-    let (stdout, _) = exited(&o, 0);
     assert!(
         stdout.contains("mirrored(seed_regenerated(coupling=orthogonal_hd))"),
         "{stdout}"
@@ -79,9 +64,7 @@ fn a_quadratic_run_learns() {
     let out = dir.path().join("out");
     let text = quadratic("mirrored(lowrank(r=1, coupling=orthogonal_hd))", "")
         .replace("OUT", out.to_str().unwrap());
-    let cfg = write(dir.path(), "q.toml", &text);
-    let o = shardes(&["run", cfg.to_str().unwrap()]);
-    let (stdout, _) = exited(&o, 0);
+    let (stdout, _) = ok(&["run", s(&write(dir.path(), "q.toml", &text))]);
     assert!(
         stdout.contains("quadratic (w 6×4, b 4, condition 10)"),
         "{stdout}"

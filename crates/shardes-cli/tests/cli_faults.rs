@@ -49,14 +49,24 @@ fn records(out: &Path) -> Vec<shardes::rundir::Metric> {
 /// A finished run of `generations` into `dir/name` (checkpoint every generation).
 fn finished(dir: &Path, name: &str, generations: usize) -> (PathBuf, PathBuf) {
     let out = dir.join(name);
+    let text = small_config(&out, generations, 1);
+    let cfg = write(dir, &format!("{name}.toml"), &text);
+    ok(&["run", s(&cfg)]);
+    (cfg, out)
+}
+
+/// A run of a million generations into `dir/name` (`name.toml`, no checkpoints), started,
+/// once `after` generations are in its metrics: its config, its directory and the child.
+fn live_run(dir: &Path, name: &str, after: usize) -> (PathBuf, PathBuf, Child) {
+    let out = dir.join(name);
     let cfg = write(
         dir,
         &format!("{name}.toml"),
-        &small_config(&out, generations, 1),
+        &small_config(&out, 1_000_000, 0),
     );
-    let o = shardes(&["run", cfg.to_str().unwrap()]);
-    assert_eq!(o.status.code(), Some(0), "{:?}", text(&o));
-    (cfg, out)
+    let mut child = spawn_run(&cfg, &[]);
+    wait_for_metrics(&out, after, &mut child);
+    (cfg, out, child)
 }
 
 /// Spawns `shardes run cfg` with piped output.
@@ -151,12 +161,8 @@ fn closed_or_full_stdout_does_not_stop_the_run() {
 #[test]
 fn inspect_commands_into_a_closed_pipe_or_a_full_disk() {
     let d = tempfile::tempdir().unwrap();
-    let cfg = write(
-        d.path(),
-        "c.toml",
-        &small_config(&d.path().join("out"), 2, 1),
-    );
-    let c = cfg.to_str().unwrap();
+    let cfg = small_in(d.path());
+    let c = s(&cfg);
     for args in [
         vec!["hlo", c],
         vec!["check", c],
@@ -194,10 +200,7 @@ fn inspect_commands_into_a_closed_pipe_or_a_full_disk() {
 #[test]
 fn sigterm_checkpoints_exits_143_and_resumes_bit_identically() {
     let d = tempfile::tempdir().unwrap();
-    let b = d.path().join("b");
-    let long = write(d.path(), "long.toml", &small_config(&b, 1_000_000, 0));
-    let mut child = spawn_run(&long, &[]);
-    wait_for_metrics(&b, 3, &mut child);
+    let (_, b, child) = live_run(d.path(), "b", 3);
     signal(&child, libc::SIGTERM);
     let o = child.wait_with_output().unwrap();
     let (stdout, stderr) = text(&o);
@@ -216,11 +219,9 @@ fn sigterm_checkpoints_exits_143_and_resumes_bit_identically() {
     let a = d.path().join("a");
     let cfg_a = write(d.path(), "a.toml", &small_config(&a, g + 2, 0));
     let cfg_b = write(d.path(), "b.toml", &small_config(&b, g + 2, 0));
-    let o = shardes(&["run", cfg_a.to_str().unwrap()]);
-    assert_eq!(o.status.code(), Some(0), "{:?}", text(&o));
-    let o = shardes(&["run", cfg_b.to_str().unwrap(), "--resume"]);
-    assert_eq!(o.status.code(), Some(0), "{:?}", text(&o));
-    assert!(text(&o).0.contains(&format!("resuming at generation {g}")));
+    ok(&["run", s(&cfg_a)]);
+    let (stdout, _) = ok(&["run", s(&cfg_b), "--resume"]);
+    assert!(stdout.contains(&format!("resuming at generation {g}")));
     assert_eq!(param_bits(&a), param_bits(&b));
     let fit = |m: &shardes::rundir::Metric| (m.generation, m.fitness_mean, m.fitness_min);
     let (ma, mb) = (records(&a), records(&b));
@@ -236,10 +237,7 @@ fn sigterm_checkpoints_exits_143_and_resumes_bit_identically() {
 #[test]
 fn a_second_run_into_a_live_directory_is_refused() {
     let d = tempfile::tempdir().unwrap();
-    let out = d.path().join("live");
-    let cfg = write(d.path(), "live.toml", &small_config(&out, 1_000_000, 0));
-    let mut child = spawn_run(&cfg, &[]);
-    wait_for_metrics(&out, 1, &mut child);
+    let (cfg, out, child) = live_run(d.path(), "live", 1);
     let holder = format!("is in use by another shardes run (pid {}", child.id());
     let c = cfg.to_str().unwrap();
     for extra in [None, Some("--force"), Some("--resume")] {
@@ -289,9 +287,8 @@ fn a_failing_start_changes_nothing() {
     let o = shardes(&["run", late.to_str().unwrap(), "--force"]);
     assert_eq!(o.status.code(), Some(2), "{:?}", text(&o));
     assert_eq!(snapshot(&out), before);
-    let o = shardes(&["run", c, "--resume"]);
-    assert_eq!(o.status.code(), Some(0), "{:?}", text(&o));
-    assert!(text(&o).0.contains("nothing to do"));
+    let (stdout, _) = ok(&["run", c, "--resume"]);
+    assert!(stdout.contains("nothing to do"));
     assert_eq!(snapshot(&out), before);
 }
 
@@ -313,9 +310,7 @@ fn force_recovers_from_a_corrupt_state() {
         "state.json is not a valid shardes checkpoint state",
         "--force",
     );
-    let o = shardes(&["run", c, "--force"]);
-    let (stdout, _) = text(&o);
-    assert_eq!(o.status.code(), Some(0), "{:?}", text(&o));
+    let (stdout, _) = ok(&["run", c, "--force"]);
     assert!(stdout.contains("moved it to"), "{stdout}");
     assert_eq!(state(&out)["generation"], 2);
     assert_eq!(
@@ -336,18 +331,15 @@ fn divergence_exits_1_and_keeps_the_last_finite_checkpoint() {
         let text = small_config(&out, generations, 1).replace(from, to);
         (write(d.path(), &format!("{name}.toml"), &text), out)
     };
+    let fails = |cfg: &Path| exited(&shardes(&["run", s(cfg)]), 1).1;
     let (cfg, out) = diverging("lr", 6, "lr = 0.01", "lr = 1e30");
-    let o = shardes(&["run", cfg.to_str().unwrap()]);
-    let (_, stderr) = text(&o);
-    assert_eq!(o.status.code(), Some(1), "{stderr}");
-    assert!(
-        stderr.contains("error: the run diverged at generation 1:")
-            && stderr.contains("likely cause: es.lr = 1e30"),
-        "{stderr}"
-    );
-    assert!(
-        stderr.contains("the last finite checkpoint (generation 1) is kept"),
-        "{stderr}"
+    has_all(
+        &fails(&cfg),
+        &[
+            "error: the run diverged at generation 1:",
+            "likely cause: es.lr = 1e30",
+            "the last finite checkpoint (generation 1) is kept",
+        ],
     );
     assert_eq!(state(&out)["generation"], 1);
     let m = records(&out);
@@ -361,28 +353,25 @@ fn divergence_exits_1_and_keeps_the_last_finite_checkpoint() {
         .iter()
         .all(|(_, b)| b.iter().all(|&x| f32::from_bits(x).is_finite())));
     let (one, out1) = diverging("one", 1, "lr = 0.01", "lr = 1e30");
-    let o = shardes(&["run", one.to_str().unwrap()]);
-    assert_eq!(o.status.code(), Some(0), "{:?}", text(&o));
+    ok(&["run", s(&one)]);
     assert_eq!(bits, param_bits(&out1));
 
     let before = std::fs::read(out.join("state.json")).unwrap();
-    let o = shardes(&["run", cfg.to_str().unwrap(), "--resume"]);
-    assert_eq!(o.status.code(), Some(1), "{:?}", text(&o));
-    assert!(text(&o).0.contains("resuming at generation 1"));
+    let (stdout, _) = exited(&shardes(&["run", s(&cfg), "--resume"]), 1);
+    assert!(stdout.contains("resuming at generation 1"));
     assert_eq!(std::fs::read(out.join("state.json")).unwrap(), before);
     assert_eq!(param_bits(&out), bits);
     assert_eq!(records(&out).len(), 2);
 
     // σ = 1e30: NaN from generation 0, nothing to keep.
     let (cfg, out) = diverging("sigma", 6, "sigma = 0.01", "sigma = 1e30");
-    let o = shardes(&["run", cfg.to_str().unwrap()]);
-    let (_, stderr) = text(&o);
-    assert_eq!(o.status.code(), Some(1), "{stderr}");
-    assert!(
-        stderr.contains("diverged at generation 0")
-            && stderr.contains("es.sigma = 1e30 is too large")
-            && stderr.contains("no checkpoint was written"),
-        "{stderr}"
+    has_all(
+        &fails(&cfg),
+        &[
+            "diverged at generation 0",
+            "es.sigma = 1e30 is too large",
+            "no checkpoint was written",
+        ],
     );
     assert!(!out.join("state.json").exists());
     assert!(records(&out)[0].fitness_mean.is_nan());
@@ -390,12 +379,9 @@ fn divergence_exits_1_and_keeps_the_last_finite_checkpoint() {
     // lr = 1e38: lr/(n·σ) is still finite, but the first update overflows: the fitness of
     // generation 0 is finite, the parameters after it are not; that checkpoint is refused.
     let (cfg, out) = diverging("huge_lr", 6, "lr = 0.01", "lr = 1e38");
-    let o = shardes(&["run", cfg.to_str().unwrap()]);
-    let (_, stderr) = text(&o);
-    assert_eq!(o.status.code(), Some(1), "{stderr}");
-    assert!(
-        stderr.contains("made the parameters non-finite") && stderr.contains("es.lr = 1e38"),
-        "{stderr}"
+    has_all(
+        &fails(&cfg),
+        &["made the parameters non-finite", "es.lr = 1e38"],
     );
     assert!(!out.join("state.json").exists());
 
@@ -414,8 +400,7 @@ fn divergence_exits_1_and_keeps_the_last_finite_checkpoint() {
 fn plugin_logging_is_quiet_unless_verbose() {
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("qs");
-    let text = std::fs::read_to_string(repo().join("examples/quickstart.toml"))
-        .unwrap()
+    let text = example("quickstart.toml")
         .replace("generations = 30", "generations = 1")
         .replace(
             "out = \"runs/quickstart\"",

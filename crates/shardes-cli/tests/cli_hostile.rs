@@ -10,17 +10,8 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-/// The small config with `from` replaced by `to`, written to `dir/c.toml`.
-fn with(dir: &Path, from: &str, to: &str) -> String {
-    let base = small_config(&dir.join("out"), 2, 1);
-    assert!(base.contains(from), "{from:?} not in the base config");
-    write(dir, "c.toml", &base.replace(from, to))
-        .to_string_lossy()
-        .into_owned()
-}
-
 fn strategy(dir: &Path, s: &str) -> String {
-    with(
+    small_with(
         dir,
         "\"mirrored(lowrank(r=1))\"",
         &format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\"")),
@@ -71,16 +62,10 @@ fn strategies_nested_deep_or_long_are_refused_without_a_crash() {
     assert!(stderr.len() < 1000, "{} bytes of stderr", stderr.len());
     assert!(stderr.contains("… (300012 characters)"), "{stderr}");
     // Short but nested past the bound.
-    let c = strategy(
-        d.path(),
-        &format!("{}lowrank{}", "mirrored(".repeat(9), ")".repeat(9)),
-    );
-    refused_early(
-        d.path(),
-        &["run", &c],
-        "more than 8 levels deep",
-        "valid strategies",
-    );
+    let nested = format!("{}lowrank{}", "mirrored(".repeat(9), ")".repeat(9));
+    let c = strategy(d.path(), &nested);
+    let what = "more than 8 levels deep";
+    refused_early(d.path(), &["run", &c], what, "valid strategies");
 }
 
 #[test]
@@ -103,15 +88,11 @@ fn strategy_messages_name_the_whole_word_and_refuse_repeated_arguments() {
 fn a_config_too_large_to_run_prints_and_checks_its_program_from_shapes() {
     let d = tempfile::tempdir().unwrap();
     // 6 · 100000² f32 = 240 GB of parameters, never allocated by hlo or check.
-    let c = with(d.path(), "d_model = 16", "d_model = 100000");
-    let o = shardes(&["hlo", &c]);
-    let (stdout, stderr) = text(&o);
-    assert_eq!(o.status.code(), Some(0), "{stderr}");
+    let c = small_with(d.path(), "d_model = 16", "d_model = 100000");
+    let (stdout, _) = ok(&["hlo", &c]);
     assert!(stdout.starts_with("module @generation"), "{stdout:.200}");
     assert!(stdout.contains("tensor<100000x100000xf32>"));
-    let o = shardes(&["check", &c]);
-    let (stdout, stderr) = text(&o);
-    assert_eq!(o.status.code(), Some(0), "{stderr}");
+    let (stdout, _) = ok(&["check", &c]);
     assert!(stdout.contains("reads all 6 leaves"), "{stdout}");
     // Running it needs the parameters: refused with both figures, before out/ exists.
     let o = shardes(&["run", &c]);
@@ -127,7 +108,7 @@ fn a_config_too_large_to_run_prints_and_checks_its_program_from_shapes() {
 #[test]
 fn bench_flags_are_refused_before_anything_runs() {
     let d = tempfile::tempdir().unwrap();
-    let c = with(d.path(), "n = 32", "n = 32");
+    let c = small_with(d.path(), "n = 32", "n = 32");
     for (flag, value, why) in [
         ("--generations", "0", "must be at least 1"),
         ("--per-dispatch", "0", "must be at least 1"),
@@ -139,86 +120,59 @@ fn bench_flags_are_refused_before_anything_runs() {
     ] {
         usage_error(&["bench", &c, flag, value], flag, why);
     }
-    // Overrides are validated with the config as a whole.
-    refused_early(
-        d.path(),
-        &["bench", &c, "--n", "7"],
-        "with the command-line overrides: es.n = 7 is not divisible",
-        "--n, --devices and --member-chunk replace those keys",
-    );
-    refused_early(
-        d.path(),
-        &["bench", &c, "--devices", "3"],
-        "es.n = 32 is not divisible by devices (3)",
-        "multiple of 6",
-    );
-    // A report that could not be written is refused before the benchmark, not after.
     let json = d.path().join("no/such/dir/report.json");
-    refused_early(
-        d.path(),
-        &["bench", &c, "--json", json.to_str().unwrap()],
-        "--json",
-        "writable",
-    );
-    refused_early(
-        d.path(),
-        &["bench", &c, "--json", d.path().to_str().unwrap()],
-        "cannot write the report there",
-        "writable",
-    );
-    refused_early(
-        d.path(),
-        &["bench", &c, "--gemm-size", "100000000"],
-        "the peak GEMM of --gemm-size 100000000 needs",
-        "lower --gemm-size",
-    );
-    let big = with(d.path(), "d_model = 16", "d_model = 100000");
-    refused_early(
-        d.path(),
-        &["bench", &big],
-        "needs 280.0 GB",
-        "lower d_model",
-    );
+    let cases: [(&[&str], &str, &str); 5] = [
+        // Overrides are validated with the config as a whole.
+        (
+            &["--n", "7"],
+            "with the command-line overrides: es.n = 7 is not divisible",
+            "--n, --devices and --member-chunk replace those keys",
+        ),
+        (
+            &["--devices", "3"],
+            "es.n = 32 is not divisible by devices (3)",
+            "multiple of 6",
+        ),
+        // A report that could not be written is refused before the benchmark, not after.
+        (&["--json", s(&json)], "--json", "writable"),
+        (
+            &["--json", s(d.path())],
+            "cannot write the report there",
+            "writable",
+        ),
+        (
+            &["--gemm-size", "100000000"],
+            "the peak GEMM of --gemm-size 100000000 needs",
+            "lower --gemm-size",
+        ),
+    ];
+    for (flags, what, hint) in cases {
+        refused_early(d.path(), &[&["bench", &c], flags].concat(), what, hint);
+    }
+    let big = small_with(d.path(), "d_model = 16", "d_model = 100000");
+    let (what, hint) = ("needs 280.0 GB", "lower d_model");
+    refused_early(d.path(), &["bench", &big], what, hint);
 }
 
 #[test]
 fn devices_and_diag_flags_are_refused_at_once() {
-    usage_error(
-        &["devices", "--devices", "0"],
-        "--devices",
-        "must be at least 1",
-    );
+    let at_least_1 = "must be at least 1";
+    usage_error(&["devices", "--devices", "0"], "--devices", at_least_1);
     let d = tempfile::tempdir().unwrap();
-    let c = with(d.path(), "n = 32", "n = 32");
-    usage_error(
-        &["diag", &c, "--depths", "0"],
-        "--depths",
-        "between 1 and 10000",
-    );
-    usage_error(
-        &["diag", &c, "--depths", "1,100000"],
-        "--depths",
-        "between 1 and 10000",
-    );
-    usage_error(
-        &["diag", &c, "--ranks", "4,0"],
-        "--ranks",
-        "must be at least 1",
-    );
+    let c = small_with(d.path(), "n = 32", "n = 32");
+    for (flag, value, why) in [
+        ("--depths", "0", "between 1 and 10000"),
+        ("--depths", "1,100000", "between 1 and 10000"),
+        ("--ranks", "4,0", at_least_1),
+    ] {
+        usage_error(&["diag", &c, flag, value], flag, why);
+    }
     let json = d.path().join("no/such/dir/diag.json");
-    refused_early(
-        d.path(),
-        &["diag", &c, "--json", json.to_str().unwrap()],
-        "--json",
-        "writable",
-    );
-    let plugin = with(d.path(), "devices = 2", "plugin = \"cuda\"\ndevices = 2");
-    refused_early(
-        d.path(),
-        &["diag", &plugin],
-        "CPU plugin only",
-        "remove the `plugin` key",
-    );
+    let diag = ["diag", &c, "--json", s(&json)];
+    refused_early(d.path(), &diag, "--json", "writable");
+    let plugin = small_with(d.path(), "devices = 2", "plugin = \"cuda\"\ndevices = 2");
+    let (what, hint) = ("CPU plugin only", "remove the `plugin` key");
+    refused_early(d.path(), &["diag", &plugin], what, hint);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -233,14 +187,12 @@ fn fixture() -> PathBuf {
 fn checkpoint_with(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) -> PathBuf {
     let out = dir.join("ckpt");
     std::fs::create_dir_all(&out).unwrap();
-    for name in ["config.json", "model.safetensors", "tokenizer.json"] {
+    let mut config = json_file(&fixture().join("config.json"));
+    edit(&mut config);
+    write(&out, "config.json", &config.to_string());
+    for name in ["model.safetensors", "tokenizer.json"] {
         std::fs::copy(fixture().join(name), out.join(name)).unwrap();
     }
-    let path = out.join("config.json");
-    let mut config: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    edit(&mut config);
-    std::fs::write(&path, config.to_string()).unwrap();
     out
 }
 

@@ -10,23 +10,15 @@ use shardes::runtime::{Client, CompileOptions};
 #[test]
 fn hlo_output_compiles_again_and_optimized_lists_instructions() {
     let d = tempfile::tempdir().unwrap();
-    let c = write(
-        d.path(),
-        "c.toml",
-        &small_config(&d.path().join("out"), 2, 1),
-    );
-    let o = shardes(&["hlo", c.to_str().unwrap()]);
-    let (mlir, stderr) = text(&o);
-    assert_eq!(o.status.code(), Some(0), "{stderr}");
+    let c = small_in(d.path());
+    let (mlir, _) = ok(&["hlo", s(&c)]);
     assert!(mlir.contains("sdy.mesh"), "no mesh in:\n{mlir}");
     let client = Client::cpu(2).unwrap();
     let exe = client.compile(&mlir, &CompileOptions::new(2)).unwrap();
     // 6 leaves + generation + fitness.
     assert_eq!(exe.num_outputs(), 8);
 
-    let o = shardes(&["hlo", c.to_str().unwrap(), "--optimized"]);
-    let (opt, stderr) = text(&o);
-    assert_eq!(o.status.code(), Some(0), "{stderr}");
+    let (opt, _) = ok(&["hlo", s(&c), "--optimized"]);
     assert!(opt.contains("(entry) {"), "{opt}");
     // how = B on 2 devices: each device contracts its own members, then all-reduces each
     // (16, 16) leaf; the fitness is split, 16 members per device.
@@ -55,10 +47,7 @@ fn keep_noise_mib_zero_makes_tell_regenerate() {
     let d = tempfile::tempdir().unwrap();
     let base = small_config(&d.path().join("out"), 2, 1);
     let whiles = |config: &str, name: &str| {
-        let c = write(d.path(), name, config);
-        let o = shardes(&["hlo", c.to_str().unwrap()]);
-        let (mlir, stderr) = text(&o);
-        assert_eq!(o.status.code(), Some(0), "{stderr}");
+        let (mlir, _) = ok(&["hlo", s(&write(d.path(), name, config))]);
         mlir.matches("stablehlo.while").count()
     };
     let kept = whiles(&base, "kept.toml");
@@ -75,33 +64,22 @@ fn keep_noise_mib_zero_makes_tell_regenerate() {
 #[test]
 fn check_exit_codes() {
     let d = tempfile::tempdir().unwrap();
-    let c = write(
-        d.path(),
-        "c.toml",
-        &small_config(&d.path().join("out"), 2, 1),
-    );
-    let o = shardes(&["check", c.to_str().unwrap()]);
-    let (stdout, stderr) = text(&o);
-    assert_eq!(o.status.code(), Some(0), "{stdout}\n{stderr}");
+    let (stdout, _) = ok(&["check", s(&small_in(d.path()))]);
     assert!(
         stdout.contains("ok: transformer_block reads all 6 leaves"),
         "{stdout}"
     );
     let bad = small_config(&d.path().join("out"), 2, 1).replace("how = \"B\"", "how = \"C\"");
     let c = write(d.path(), "bad.toml", &bad);
-    let o = shardes(&["check", c.to_str().unwrap()]);
+    let o = shardes(&["check", s(&c)]);
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o).1.contains("es.how"));
 }
 
 #[test]
 fn devices_lists_the_simulated_cpus() {
-    let o = shardes(&["devices", "--devices", "3"]);
-    let (stdout, stderr) = text(&o);
-    assert_eq!(o.status.code(), Some(0), "{stderr}");
-    assert!(stdout.contains("platform   cpu"), "{stdout}");
-    assert!(stdout.contains("devices    3"), "{stdout}");
-    assert!(stdout.contains("plugin     /"), "{stdout}");
+    let (stdout, _) = ok(&["devices", "--devices", "3"]);
+    has_all(&stdout, &["platform   cpu", "devices    3", "plugin     /"]);
     assert_eq!(
         stdout.lines().filter(|l| l.contains(" cpu ")).count(),
         3,
@@ -124,9 +102,7 @@ fn devices_says_whether_large_allocations_get_huge_pages() {
         for (k, v) in envs {
             cmd.env(k, v);
         }
-        let o = cmd.output().expect("spawning shardes");
-        let (stdout, stderr) = text(&o);
-        assert_eq!(o.status.code(), Some(0), "{stderr}");
+        let (stdout, _) = exited(&cmd.output().expect("spawning shardes"), 0);
         stdout
             .lines()
             .find_map(|l| l.strip_prefix("huge pages "))
@@ -153,56 +129,21 @@ fn devices_says_whether_large_allocations_get_huge_pages() {
 /// `--plugin` with the path `devices` reported loads that plugin explicitly.
 #[test]
 fn devices_with_an_explicit_plugin_path() {
-    let o = shardes(&["devices", "--devices", "2"]);
-    let (stdout, stderr) = text(&o);
-    assert_eq!(o.status.code(), Some(0), "{stderr}");
-    let path = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("plugin     "))
-        .expect("a plugin line")
-        .to_string();
-    let o = shardes(&["devices", "--devices", "2", "--plugin", &path]);
-    let (stdout, stderr) = text(&o);
-    assert_eq!(o.status.code(), Some(0), "{stderr}");
-    assert!(stdout.contains(&format!("plugin     {path}")), "{stdout}");
-    assert!(stdout.contains("devices    2"), "{stdout}");
+    let path = plugin_path(&ok(&["devices", "--devices", "2"]).0);
+    let (stdout, _) = ok(&["devices", "--devices", "2", "--plugin", &path]);
+    has_all(&stdout, &[&format!("plugin     {path}"), "devices    2"]);
 }
 
 #[test]
 fn diag_reports_flat_rank_and_linear_depth_for_qwen2() {
     let d = tempfile::tempdir().unwrap();
-    let data = write(
-        d.path(),
-        "d.jsonl",
-        "{\"prompt_ids\": [1, 2], \"target_ids\": [3, 4]}\n",
-    );
-    let c = write(
-        d.path(),
-        "q.toml",
-        &format!(
-            "devices = 2\n[problem]\nname = \"qwen2\"\nsize = \"tiny\"\ndata = \"{}\"\n\
-             [es]\nstrategy = \"mirrored(lowrank(r=1))\"\nn = 8\nsigma = 0.01\nlr = 0.01\n\
-             [run]\ngenerations = 1\nout = \"{}\"\n",
-            data.display(),
-            d.path().join("out").display()
-        ),
-    );
+    let data = "{\"prompt_ids\": [1, 2], \"target_ids\": [3, 4]}\n";
+    let c = qwen2_ids_config(d.path(), "tiny", data);
     let json = d.path().join("diag.json");
-    let o = shardes(&[
-        "diag",
-        &c.to_string_lossy(),
-        "--ranks",
-        "4",
-        "--depths",
-        "1",
-        "--json",
-        &json.to_string_lossy(),
-    ]);
-    let (stdout, stderr) = text(&o);
-    assert!(o.status.success(), "{stdout}\n{stderr}");
+    let flags = "--ranks 4 --depths 1 --json";
+    let (stdout, _) = ok_flags("diag", &c, flags, &[s(&json)]);
     assert!(stdout.contains("layers"), "{stdout}");
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let v = json_file(&json);
     let e = v.as_array().expect("a list of entries");
     assert_eq!(e.len(), 3, "config, r = 4, 1 layer: {v}");
     let ops = |i: usize| e[i]["emitted_ops"].as_u64().unwrap();
@@ -225,29 +166,11 @@ fn diag_reports_flat_rank_and_linear_depth_for_qwen2() {
 #[test]
 fn bench_prints_the_table() {
     let d = tempfile::tempdir().unwrap();
-    let c = write(
-        d.path(),
-        "c.toml",
-        &small_config(&d.path().join("out"), 1, 1),
-    );
-    let o = shardes(&[
-        "bench",
-        &c.to_string_lossy(),
-        "--how",
-        "AB",
-        "--generations",
-        "3",
-        "--warmup",
-        "1",
-        "--per-dispatch",
-        "2",
-        "--gemm-size",
-        "64",
-    ]);
-    let (table, stderr) = text(&o);
-    assert!(o.status.success(), "{table}\n{stderr}");
-    assert!(table.contains("generation / inference"), "{table}");
-    assert!(table.contains("ask + apply alone"), "{table}");
+    let text = small_config(&d.path().join("out"), 1, 1);
+    let c = write(d.path(), "c.toml", &text);
+    let flags = "--how AB --generations 3 --warmup 1 --per-dispatch 2 --gemm-size 64";
+    let (table, _) = ok_flags("bench", &c, flags, &[]);
+    has_all(&table, &["generation / inference", "ask + apply alone"]);
 }
 
 /// `--plugin cuda` finds the CUDA plugin where pip installs it (the `jax_plugins.xla_cuda12`
@@ -256,24 +179,18 @@ fn bench_prints_the_table() {
 /// lookup, not CUDA.
 #[test]
 fn named_cuda_plugin_is_found_in_the_python_environment_or_explained() {
-    let o = shardes(&["devices", "--devices", "1"]);
-    let (stdout, _) = text(&o);
-    let cpu = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("plugin     "))
-        .expect("a plugin line")
-        .to_string();
+    let cpu = plugin_path(&text(&shardes(&["devices", "--devices", "1"])).0);
     // A hard link (not a symlink, which the loader would resolve back to the CPU path) on
     // the plugin's own file system, so nothing of its 250 MB is copied.
     let cpu = std::path::Path::new(&cpu);
     let site = tempfile::tempdir_in(cpu.parent().unwrap()).unwrap();
     let pkg = site.path().join("jax_plugins/xla_cuda12");
     std::fs::create_dir_all(&pkg).unwrap();
-    std::fs::write(
-        pkg.join("__init__.py"),
+    write(
+        &pkg,
+        "__init__.py",
         "raise ImportError('must not be imported')\n",
-    )
-    .unwrap();
+    );
     std::fs::hard_link(cpu, pkg.join("xla_cuda_plugin.so"))
         .or_else(|_| std::fs::copy(cpu, pkg.join("xla_cuda_plugin.so")).map(|_| ()))
         .unwrap();
@@ -285,8 +202,7 @@ fn named_cuda_plugin_is_found_in_the_python_environment_or_explained() {
         .env_remove("SHARDES_PJRT_CUDA")
         .output()
         .unwrap();
-    let (stdout, stderr) = text(&o);
-    assert_eq!(o.status.code(), Some(0), "{stdout}\n{stderr}");
+    let (stdout, stderr) = exited(&o, 0);
     let want = pkg.join("xla_cuda_plugin.so");
     assert!(
         stdout.contains(&format!("plugin     {}", want.display())),
@@ -301,28 +217,37 @@ fn named_cuda_plugin_is_found_in_the_python_environment_or_explained() {
         .env_remove("SHARDES_PJRT_CUDA")
         .output()
         .unwrap();
-    let (stdout, stderr) = text(&o);
-    assert_eq!(o.status.code(), Some(2), "{stdout}\n{stderr}");
-    assert!(stderr.contains("plugin = \"cuda\""), "{stderr}");
-    assert!(stderr.contains("jax-cuda12-pjrt==0.12.0.1"), "{stderr}");
-    assert!(stderr.contains("NVIDIA driver"), "{stderr}");
+    let (_, stderr) = exited(&o, 2);
+    has_all(
+        &stderr,
+        &[
+            "plugin = \"cuda\"",
+            "jax-cuda12-pjrt==0.12.0.1",
+            "NVIDIA driver",
+        ],
+    );
 }
 
 /// `devices --json` and `check --json` print one JSON object each, for scripts.
 #[test]
 fn devices_and_check_print_json_when_asked() {
-    let o = shardes(&["devices", "--devices", "2", "--json"]);
-    assert!(o.status.success(), "{:?}", text(&o));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let v = json_out(&["devices", "--devices", "2", "--json"]);
     assert_eq!(v["device_count"], 2);
     assert_eq!(v["devices"].as_array().unwrap().len(), 2);
     assert_eq!(v["platform"], "cpu");
     assert!(v["plugin"].as_str().unwrap().ends_with(".so"));
     let quick = repo().join("examples/quickstart.toml");
-    let o = shardes(&["check", quick.to_str().unwrap(), "--json"]);
-    assert!(o.status.success(), "{:?}", text(&o));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let v = json_out(&["check", s(&quick), "--json"]);
     assert_eq!(v["problem"], "transformer_block");
     assert_eq!(v["leaves"], 6);
     assert_eq!(v["findings"].as_array().unwrap().len(), 0);
+}
+
+/// The plugin path of `devices`'s output.
+fn plugin_path(stdout: &str) -> String {
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("plugin     "))
+        .expect("a plugin line")
+        .to_string()
 }

@@ -1,19 +1,21 @@
-//! The multi-process tier (issue #17): `shardes` built with the feature `mpi`, started by
-//! Open MPI's `mpirun` on this machine, the processes talking over TCP on loopback, the CPU
-//! plugin on each. Run by `.ci/mpi-tier` (after the default tier):
-//! `cargo test --release -p shardes-cli --features mpi --test cli_mpi -- --test-threads=1`.
-//! Without the feature this file is empty.
+//! The multi-process tier (issue #17), loss runs: `shardes` built with the feature `mpi`,
+//! started by Open MPI's `mpirun` on this machine, the processes talking over TCP on
+//! loopback, the CPU plugin on each. Run by `.ci/mpi-tier` (after the default tier, with
+//! `cli_mpi_tasks.rs`, the reward and MuJoCo runs):
+//! `cargo test --release -p shardes-cli --features mpi --test cli_mpi --test cli_mpi_tasks --
+//! --test-threads=1`. Without the feature this file is empty.
 //!
 //! It checks: the quickstart on 2 × 4 prints the trajectory of 1 × 8 (the issue's "done
 //! when"); 2 × 4 and 4 × 2 give the same fitness and parameters bit for bit, for low rank
 //! and seed regenerated, `how_hosts` A and B, and agree with 1 × 8 within the device-count
 //! tolerance (1e-5 relative; bit for bit wherever one process's split programs have its
 //! fused program's bits, as for the quickstart: here seed regenerated's generation 0 differs
-//! in one member's last bit between the two on one process already); a checkpoint resumes under another process count on the same trajectory; processes
-//! given different configs are refused, as is `n` not divisible by processes × devices
-//! (by every process, exit 2); a killed process stops the others with a non-zero exit and
-//! the last checkpoint intact; SIGINT to `mpirun` checkpoints once, with Open MPI's default
-//! SIGKILL timeout and a longer one. No timings are asserted.
+//! in one member's last bit between the two on one process already); a checkpoint resumes
+//! under another process count on the same trajectory; processes given different configs
+//! are refused, as is `n` not divisible by processes × devices (by every process, exit 2);
+//! a killed process stops the others with a non-zero exit and the last checkpoint intact;
+//! SIGINT to `mpirun` checkpoints once, with Open MPI's default SIGKILL timeout and a
+//! longer one; `bench` times the phases on every process. No timings are asserted.
 
 #![cfg(feature = "mpi")]
 
@@ -23,32 +25,11 @@ use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use common::mpi::*;
 use common::*;
 
-/// `mpirun -np NP shardes` on loopback: TCP between the processes (as between hosts),
-/// processes not bound to cores (2 cores here, up to 4 processes), root allowed (CI).
-fn mpirun(np: usize) -> Command {
-    let mut c = mpirun_base();
-    c.args(["-np", &np.to_string(), env!("CARGO_BIN_EXE_shardes")]);
-    c
-}
-
-/// [`mpirun`]'s launcher options, without the processes.
-fn mpirun_base() -> Command {
-    let mut c = Command::new("mpirun");
-    c.args(["--oversubscribe", "--bind-to", "none"])
-        .args([
-            "--mca",
-            "btl",
-            "self,tcp",
-            "--mca",
-            "btl_tcp_if_include",
-            "lo",
-        ])
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
-    c
-}
+/// The strategy of most runs here.
+const LOWRANK: &str = "mirrored(lowrank(r=1))";
 
 /// A small transformer_block run of `strategy` on `devices` devices per process.
 fn config(
@@ -59,77 +40,8 @@ fn config(
     generations: usize,
     checkpoint_every: usize,
 ) -> String {
-    format!(
-        r#"devices = {devices}
-[problem]
-name = "transformer_block"
-d_model = 16
-batch = 2
-seq = 4
-[es]
-strategy = "{strategy}"
-n = 32
-sigma = 0.01
-lr = 0.01
-how = "B"
-keep_noise_mib = 0
-how_hosts = "{how_hosts}"
-[run]
-seed = 3
-generations = {generations}
-out = "{}"
-checkpoint_every = {checkpoint_every}
-"#,
-        out.display()
-    )
-}
-
-/// Runs `shardes run CONFIG [extra]` on `np` processes (1: without mpirun) and returns its
-/// output after checking that it exited 0.
-fn run(np: usize, cfg: &Path, extra: &[&str]) -> Output {
-    let mut c = if np == 1 { bin() } else { mpirun(np) };
-    let o = c
-        .arg("run")
-        .arg(cfg)
-        .args(extra)
-        .output()
-        .expect("spawning the run");
-    exited(&o, 0);
-    o
-}
-
-/// The fitness of every generation (mean, min, max as logged) and the checkpoint's digest.
-fn trajectory(out: &Path) -> (Vec<[f64; 3]>, String) {
-    let m = metrics(out)
-        .iter()
-        .map(|m| [m.fitness_mean, m.fitness_min, m.fitness_max])
-        .collect();
-    let sha = state(out)["params_sha256"]
-        .as_str()
-        .expect("params_sha256")
-        .to_string();
-    (m, sha)
-}
-
-/// The parameters of `out`'s checkpoint, leaf by leaf.
-fn params(out: &Path) -> Vec<Vec<f32>> {
-    let p = shardes::io::read_params_inferred(out.join("params.safetensors")).unwrap();
-    p.leaves()
-        .into_iter()
-        .map(|(_, a)| a.data().to_vec())
-        .collect()
-}
-
-/// `‖a − b‖ / ‖b‖` of the worst leaf.
-fn worst_leaf(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| {
-            let d: f64 = x.iter().zip(y).map(|(u, v)| f64::from(u - v).powi(2)).sum();
-            let n: f64 = y.iter().map(|v| f64::from(*v).powi(2)).sum();
-            (d / n.max(f64::MIN_POSITIVE)).sqrt()
-        })
-        .fold(0.0, f64::max)
+    let es = format!("how = \"B\"\nkeep_noise_mib = 0\nhow_hosts = \"{how_hosts}\"");
+    block_config(out, devices, strategy, &es, generations, checkpoint_every)
 }
 
 /// The `gen k/N fitness ...` lines of a run's output, without the timings.
@@ -170,7 +82,7 @@ fn the_quickstart_on_two_processes_prints_the_trajectory_of_one() {
 #[test]
 fn processes_times_devices_give_the_trajectory_of_one_process() {
     let dir = tempfile::tempdir().unwrap();
-    for strategy in ["mirrored(lowrank(r=1))", "seed_regenerated(chunk=4)"] {
+    for strategy in [LOWRANK, "seed_regenerated(chunk=4)"] {
         let one = dir.path().join("one");
         let cfg = write(
             dir.path(),
@@ -215,12 +127,13 @@ fn processes_times_devices_give_the_trajectory_of_one_process() {
 #[test]
 fn a_checkpoint_resumes_under_another_process_count() {
     let dir = tempfile::tempdir().unwrap();
-    let s = "mirrored(lowrank(r=1))";
+    let s = LOWRANK;
     let reference = dir.path().join("ref");
-    run(
+    run_config(
         1,
-        &write(dir.path(), "ref.toml", &config(&reference, 8, s, "A", 6, 3)),
-        &[],
+        dir.path(),
+        "ref.toml",
+        &config(&reference, 8, s, "A", 6, 3),
     );
     let want = trajectory(&reference);
     // 2 × 4 for three generations, then 1 × 8 for the other three; and 1 × 8 then 4 × 2.
@@ -246,17 +159,14 @@ fn adam_state_resumes_under_another_process_count() {
     // at the end refuses. adam's step is its own program across processes, so the
     // trajectory matches one process to the device-count tolerance, 1e-5 relative.
     let dir = tempfile::tempdir().unwrap();
-    let s = "mirrored(lowrank(r=1))";
+    let s = LOWRANK;
     let adam = |c: String| c.replace("how = \"B\"", "how = \"B\"\noptimizer = \"adam\"");
     let reference = dir.path().join("ref");
-    run(
+    run_config(
         1,
-        &write(
-            dir.path(),
-            "ref.toml",
-            &adam(config(&reference, 8, s, "B", 6, 3)),
-        ),
-        &[],
+        dir.path(),
+        "ref.toml",
+        &adam(config(&reference, 8, s, "B", 6, 3)),
     );
     let out = dir.path().join("resumed");
     let a = write(dir.path(), "a.toml", &adam(config(&out, 8, s, "B", 3, 3)));
@@ -285,16 +195,12 @@ fn adam_state_resumes_under_another_process_count() {
 fn processes_given_different_configs_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    let a = write(
-        dir.path(),
-        "a.toml",
-        &config(&out, 4, "mirrored(lowrank(r=1))", "A", 3, 0),
-    );
+    let base = config(&out, 4, LOWRANK, "A", 3, 0);
+    let a = write(dir.path(), "a.toml", &base);
     let b = write(
         dir.path(),
         "b.toml",
-        &config(&out, 4, "mirrored(lowrank(r=1))", "A", 3, 0)
-            .replace("sigma = 0.01", "sigma = 0.02"),
+        &base.replace("sigma = 0.01", "sigma = 0.02"),
     );
     // One process with each config (mpirun's MPMD form).
     let mut c = mpirun(1);
@@ -320,7 +226,7 @@ fn a_population_that_does_not_split_is_refused_by_every_process() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
     // 40 members: a multiple of 4 devices × pairing 2, not of 2 processes × 4 × 2.
-    let text = config(&out, 4, "mirrored(lowrank(r=1))", "A", 3, 0).replace("n = 32", "n = 40");
+    let text = config(&out, 4, LOWRANK, "A", 3, 0).replace("n = 32", "n = 40");
     let cfg = write(dir.path(), "c.toml", &text);
     let o = mpirun(2)
         .arg("run")
@@ -348,7 +254,7 @@ fn long_config(dir: &Path, out: &Path) -> std::path::PathBuf {
     write(
         dir,
         "long.toml",
-        &config(out, 4, "mirrored(lowrank(r=1))", "B", 1_000_000, 2),
+        &config(out, 4, LOWRANK, "B", 1_000_000, 2),
     )
 }
 
@@ -424,7 +330,7 @@ fn one_process_resume(dir: &Path, out: &Path, generations: usize) -> std::path::
     write(
         dir,
         "resume.toml",
-        &config(out, 8, "mirrored(lowrank(r=1))", "B", generations, 2),
+        &config(out, 8, LOWRANK, "B", generations, 2),
     )
 }
 
@@ -615,18 +521,8 @@ fn sigint_to_mpirun_with_a_longer_sigkill_timeout_checkpoints_once_and_every_pro
 #[test]
 fn bench_under_mpirun_times_the_phases_on_every_process() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = write(
-        dir.path(),
-        "b.toml",
-        &config(
-            &dir.path().join("o"),
-            4,
-            "mirrored(lowrank(r=1))",
-            "A",
-            3,
-            0,
-        ),
-    );
+    let cfg = config(&dir.path().join("o"), 4, LOWRANK, "A", 3, 0);
+    let cfg = write(dir.path(), "b.toml", &cfg);
     let o = mpirun(2)
         .args(["bench"])
         .arg(&cfg)
@@ -649,302 +545,4 @@ fn bench_under_mpirun_times_the_phases_on_every_process() {
     }
     // 16 members of 4 bytes to the other process; B sends its partial sums too.
     assert!(stdout.contains("fitness 64 B, update 0 B"), "{stdout}");
-}
-
-/// A reward run (`[task]` target_token on the tiny random Qwen2) on `devices` devices per
-/// process, with `es` lines added under [es].
-fn reward_config(out: &Path, devices: usize, es: &str, generations: usize) -> String {
-    format!(
-        r#"devices = {devices}
-[problem]
-name = "qwen2"
-size = "tiny"
-[es]
-strategy = "mirrored(lowrank(r=1))"
-n = 32
-sigma = 0.05
-lr = 0.05
-shaping = "centered_ranks"
-how = "B"
-{es}
-[task]
-name = "target_token"
-token = 7
-prompts = 2
-prompt_tokens = 4
-prompt_len = 4
-max_new_tokens = 6
-[eval]
-every = 2
-prompts = 4
-[run]
-seed = 0
-generations = {generations}
-out = "{}"
-checkpoint_every = 2
-"#,
-        out.display()
-    )
-}
-
-/// Every metrics line without its timings: `ms` and the `extra` scalars `timed`.
-fn untimed_metrics(out: &Path, timed: &[&str]) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(out.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
-            let o = v.as_object_mut().unwrap();
-            o.remove("ms");
-            let x = o["extra"].as_object_mut().unwrap();
-            for key in timed {
-                x.remove(*key);
-            }
-            v
-        })
-        .collect()
-}
-
-/// A reward run's metrics lines without their timings (fitness, reward, accuracy, format).
-fn reward_metrics(out: &Path) -> Vec<serde_json::Value> {
-    untimed_metrics(out, &["tok/s", "host_share"])
-}
-
-#[test]
-fn a_reward_run_on_two_processes_matches_one() {
-    // Each process decodes and scores its own 16 members, the rewards are gathered in
-    // member order and every process tells with all of them: with how = B inside the
-    // processes the programs compute one process's bits, so the metrics, the eval lines
-    // (decoded by the lead) and the parameters equal 1 × 8's exactly, with how_hosts A and
-    // B. adam's step is a program of its own under B (1e-5 relative, as for the fitness
-    // runs); its state is checkpointed by the lead and resumed on every process.
-    let dir = tempfile::tempdir().unwrap();
-    let one = dir.path().join("one");
-    run(
-        1,
-        &write(dir.path(), "one.toml", &reward_config(&one, 8, "", 4)),
-        &[],
-    );
-    let want = reward_metrics(&one);
-    assert_eq!(want.len(), 4);
-    assert!(
-        want.iter()
-            .any(|m| m["fitness_min"].as_f64() < m["fitness_max"].as_f64()),
-        "the rewards never differ between members: {want:?}"
-    );
-    let evals = |out: &Path| std::fs::read_to_string(out.join("eval.jsonl")).unwrap();
-    for hosts in ["A", "B"] {
-        let out = dir.path().join(format!("two{hosts}"));
-        let es = format!("how_hosts = \"{hosts}\"");
-        let cfg = write(dir.path(), "two.toml", &reward_config(&out, 4, &es, 4));
-        let o = run(2, &cfg, &[]);
-        assert!(text(&o).0.contains("processes 2 × 4 devices"), "{hosts}");
-        assert_eq!(reward_metrics(&out), want, "how_hosts {hosts}");
-        assert_eq!(evals(&out), evals(&one), "how_hosts {hosts}");
-        assert_eq!(trajectory(&out).1, trajectory(&one).1, "how_hosts {hosts}");
-    }
-
-    // adam: 1 × 8 for 4 generations against 2 × 4 for 2, resumed under 2 × 4 for 2 more.
-    let adam = "how_hosts = \"B\"\noptimizer = \"adam\"";
-    let reference = dir.path().join("adam1");
-    run(
-        1,
-        &write(
-            dir.path(),
-            "a1.toml",
-            &reward_config(&reference, 8, adam, 4),
-        ),
-        &[],
-    );
-    let out = dir.path().join("adam2");
-    run(
-        2,
-        &write(dir.path(), "a2.toml", &reward_config(&out, 4, adam, 2)),
-        &[],
-    );
-    let cfg = write(dir.path(), "a2.toml", &reward_config(&out, 4, adam, 4));
-    let o = run(2, &cfg, &["--resume"]);
-    assert!(text(&o).0.contains("resuming at generation 2"));
-    let diff = worst_leaf(&params(&out), &params(&reference));
-    assert!(
-        diff <= 1e-5,
-        "adam across processes after a resume: {diff:e}"
-    );
-    assert_ne!(
-        trajectory(&reference).1,
-        trajectory(&one).1,
-        "adam stepped as sgd"
-    );
-}
-
-/// A MuJoCo cart-pole run (the shipped model) on `devices` devices per process: 2
-/// episodes of at most 60 steps per member, policy 4→8→1, `how = "B"` inside the
-/// processes, `es` lines added under [es].
-fn mujoco_config(out: &Path, devices: usize, es: &str) -> String {
-    format!(
-        r#"devices = {devices}
-[problem]
-name = "control"
-mjcf = "{}"
-episodes = 2
-episode_length = 60
-hidden = [8]
-[es]
-strategy = "mirrored(lowrank(r=1))"
-n = 32
-sigma = 0.1
-lr = 0.3
-how = "B"
-{es}
-[run]
-seed = 0
-generations = 3
-out = "{}"
-checkpoint_every = 0
-"#,
-        repo().join("examples/mujoco/cartpole.xml").display(),
-        out.display()
-    )
-}
-
-/// A MuJoCo run's metrics lines without their timings (the host split `env_steps_per_s`
-/// and `sim_share` are process 0's own under mpirun).
-fn mujoco_metrics(out: &Path) -> Vec<serde_json::Value> {
-    untimed_metrics(out, &["env_steps_per_s", "sim_share"])
-}
-
-#[test]
-fn a_mujoco_run_on_two_processes_matches_one() {
-    // Each process simulates the episodes of its own 16 members and evaluates their
-    // policies on its 4 devices (global member ids: the same noise), the fitness is
-    // gathered in member order and every process tells with all of it: the metrics (mean
-    // return included) and the parameters equal 1 × 8's bit for bit, with how_hosts A and
-    // B, for the mean fitness and for group_relative's fitness per episode.
-    let dir = tempfile::tempdir().unwrap();
-    for shaping in ["centered_ranks", "group_relative"] {
-        let es = format!("shaping = \"{shaping}\"");
-        let one = dir.path().join(format!("one-{shaping}"));
-        run(
-            1,
-            &write(dir.path(), "one.toml", &mujoco_config(&one, 8, &es)),
-            &[],
-        );
-        let want = mujoco_metrics(&one);
-        assert_eq!(want.len(), 3, "{shaping}");
-        assert!(
-            want.iter()
-                .any(|m| m["fitness_min"].as_f64() < m["fitness_max"].as_f64()),
-            "{shaping}: the members' returns never differ: {want:?}"
-        );
-        for hosts in ["A", "B"] {
-            let case = format!("{shaping}, how_hosts {hosts}");
-            let out = dir.path().join(format!("two-{shaping}-{hosts}"));
-            let es = format!("{es}\nhow_hosts = \"{hosts}\"");
-            let cfg = write(dir.path(), "two.toml", &mujoco_config(&out, 4, &es));
-            let o = run(2, &cfg, &[]);
-            let (stdout, _) = text(&o);
-            assert_eq!(stdout.matches("shardes run").count(), 1, "{case}: {stdout}");
-            assert!(
-                stdout.contains("processes 2 × 4 devices"),
-                "{case}: {stdout}"
-            );
-            assert!(stdout.contains("(MuJoCo, 2 episodes"), "{case}: {stdout}");
-            assert_eq!(mujoco_metrics(&out), want, "{case}");
-            assert_eq!(trajectory(&out).1, trajectory(&one).1, "{case}");
-        }
-    }
-}
-
-/// A Countdown run of the tiny random Qwen2 (the countdown tokenizer) rewarded by the test
-/// reward program, which logs each request's member into `log` per process.
-fn reward_command_config(out: &Path, devices: usize, log: &Path) -> String {
-    let fixture = repo().join("tests/fixtures/reward/fixture.py");
-    let tokenizer = repo().join("examples/countdown_tokenizer.json");
-    format!(
-        r#"devices = {devices}
-[problem]
-name = "qwen2"
-size = "tiny"
-tokenizer = "{}"
-[es]
-strategy = "mirrored(lowrank(r=1))"
-n = 16
-sigma = 0.05
-lr = 0.05
-shaping = "centered_ranks"
-how = "B"
-[task]
-name = "countdown"
-style = "compact"
-prompts = 2
-prompt_len = 24
-max_new_tokens = 6
-max_number = 20
-[task.reward]
-command = ["python3", "{}", "logged", "{}"]
-[run]
-seed = 0
-generations = 2
-out = "{}"
-checkpoint_every = 2
-"#,
-        tokenizer.display(),
-        fixture.display(),
-        log.display(),
-        out.display()
-    )
-}
-
-#[test]
-fn under_mpirun_each_process_scores_its_own_members_with_its_own_reward_program() {
-    // One reward program per process, each fed only its process's members (global ids):
-    // 2 × 4 devices split the 16 members 0..8 and 8..16, and the rewards gathered in
-    // member order give 1 × 8's metrics and parameters exactly.
-    let dir = tempfile::tempdir().unwrap();
-    let (log_one, log_two) = (dir.path().join("log1"), dir.path().join("log2"));
-    std::fs::create_dir_all(&log_one).unwrap();
-    std::fs::create_dir_all(&log_two).unwrap();
-    let one = dir.path().join("one");
-    run(
-        1,
-        &write(
-            dir.path(),
-            "one.toml",
-            &reward_command_config(&one, 8, &log_one),
-        ),
-        &[],
-    );
-    let two = dir.path().join("two");
-    run(
-        2,
-        &write(
-            dir.path(),
-            "two.toml",
-            &reward_command_config(&two, 4, &log_two),
-        ),
-        &[],
-    );
-    assert_eq!(reward_metrics(&two), reward_metrics(&one));
-    assert_eq!(trajectory(&two).1, trajectory(&one).1);
-    let members = |log: &Path| -> Vec<std::collections::BTreeSet<u64>> {
-        let mut per: Vec<_> = std::fs::read_dir(log)
-            .unwrap()
-            .map(|e| {
-                std::fs::read_to_string(e.unwrap().path())
-                    .unwrap()
-                    .lines()
-                    .map(|l| l.parse::<u64>().unwrap())
-                    .collect::<std::collections::BTreeSet<u64>>()
-            })
-            .collect();
-        per.sort();
-        per
-    };
-    let all: std::collections::BTreeSet<u64> = (0..16).collect();
-    assert_eq!(members(&log_one), vec![all]);
-    assert_eq!(
-        members(&log_two),
-        vec![(0..8).collect(), (8..16).collect()],
-        "each process's program scores its own members"
-    );
 }

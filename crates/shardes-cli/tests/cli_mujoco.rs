@@ -11,37 +11,31 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::*;
+use serde_json::Value;
 
 /// The mean return the run must reach, of the episodes' maximum of 200.
 const TARGET: f64 = 190.0;
 
 /// A cart-pole config on the shipped MuJoCo model: 8 devices, n = 32, 4 episodes of at
-/// most 200 steps, policy 4→16→1 (the library's learning test's settings).
+/// most 200 steps, policy 4→16→1 (the library's learning test's settings); `extra` goes
+/// into [problem].
 fn mujoco_cartpole(out: &Path, generations: usize, extra: &str) -> String {
-    format!(
-        r#"devices = 8
-[problem]
-name = "control"
-mjcf = "{}"
-episodes = 4
-episode_length = 200
-hidden = [16]
-{extra}
-[es]
-strategy = "mirrored(lowrank(r=1))"
-n = 32
-sigma = 0.1
-lr = 0.3
-shaping = "centered_ranks"
-[run]
-seed = 0
-generations = {generations}
-out = "{}"
-checkpoint_every = 0
-"#,
-        model("cartpole.xml").display(),
-        out.display()
+    let problem = format!("episodes = 4\nepisode_length = 200\nhidden = [16]\n{extra}");
+    common::mujoco_cartpole(
+        8,
+        &problem,
+        "shaping = \"centered_ranks\"",
+        generations,
+        out,
     )
+}
+
+/// `shardes bench CONFIG` of `generations` after `warmup`, its JSON report written to
+/// `json`: the table and the report, after checking that it exited 0.
+fn bench(config: &Path, generations: &str, warmup: &str, json: &Path) -> (String, Value) {
+    let flags = format!("--generations {generations} --warmup {warmup} --json");
+    let (stdout, _) = ok_flags("bench", config, &flags, &[s(json)]);
+    (stdout, json_file(json))
 }
 
 fn model(name: &str) -> PathBuf {
@@ -57,15 +51,14 @@ fn mujoco_cartpole_learns_and_replays() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
     let cfg = write(dir.path(), "c.toml", &mujoco_cartpole(&out, 30, ""));
-    let o = shardes(&["run", cfg.to_str().unwrap()]);
-    let (stdout, _) = exited(&o, 0);
-    assert!(
-        stdout.contains("(MuJoCo, 4 episodes × ≤ 200 steps on host threads, tanh policy 4→16→1"),
-        "{stdout}"
-    );
-    assert!(
-        stdout.contains("env_steps_per_s") && stdout.contains("sim_share"),
-        "{stdout}"
+    let (stdout, _) = ok(&["run", s(&cfg)]);
+    has_all(
+        &stdout,
+        &[
+            "(MuJoCo, 4 episodes × ≤ 200 steps on host threads, tanh policy 4→16→1",
+            "env_steps_per_s",
+            "sim_share",
+        ],
     );
     let curve: Vec<f64> = metrics(&out).iter().map(|m| -m.fitness_mean).collect();
     let shown: Vec<String> = curve.iter().map(|r| format!("{r:.0}")).collect();
@@ -77,13 +70,7 @@ fn mujoco_cartpole_learns_and_replays() {
     assert!(curve.iter().any(|&r| r >= TARGET), "{curve:?}");
 
     let csv = dir.path().join("qpos.csv");
-    let o = shardes(&[
-        "rollout",
-        cfg.to_str().unwrap(),
-        "--csv",
-        csv.to_str().unwrap(),
-    ]);
-    let (stdout, _) = exited(&o, 0);
+    let (stdout, _) = ok(&["rollout", s(&cfg), "--csv", s(&csv)]);
     let returns: Vec<f64> = stdout
         .lines()
         .filter_map(|l| {
@@ -119,16 +106,12 @@ fn mujoco_cartpole_learns_and_replays() {
         assert_eq!(steps[0], 0.0);
     }
     // Fewer episodes: the first rows' starts are drawn afresh, still valid runs.
-    let o = shardes(&["rollout", cfg.to_str().unwrap(), "--episodes", "2"]);
-    let (stdout, _) = exited(&o, 0);
-    assert!(
-        stdout.contains("2 episodes of at most 200 steps"),
-        "{stdout}"
+    let (stdout, _) = ok(&["rollout", s(&cfg), "--episodes", "2"]);
+    has_all(
+        &stdout,
+        &["2 episodes of at most 200 steps", "episode 1: return"],
     );
-    assert!(
-        stdout.contains("episode 1: return") && !stdout.contains("episode 2:"),
-        "{stdout}"
-    );
+    assert!(!stdout.contains("episode 2:"), "{stdout}");
 }
 
 /// `shardes bench` on both control paths: environment steps per second, the reference
@@ -137,24 +120,14 @@ fn mujoco_cartpole_learns_and_replays() {
 fn bench_measures_environment_steps_on_both_paths() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("r.json");
-    let o = shardes(&[
-        "bench",
-        repo().join("examples/cartpole.toml").to_str().unwrap(),
-        "--generations",
-        "2",
-        "--warmup",
-        "1",
-        "--json",
-        json.to_str().unwrap(),
-    ]);
-    let (stdout, _) = exited(&o, 0);
-    assert!(
-        stdout.contains("control cartpole_balance (in the program)"),
-        "{stdout}"
+    let (stdout, r) = bench(&repo().join("examples/cartpole.toml"), "2", "1", &json);
+    has_all(
+        &stdout,
+        &[
+            "control cartpole_balance (in the program)",
+            "reference env steps/s",
+        ],
     );
-    assert!(stdout.contains("reference env steps/s"), "{stdout}");
-    let r: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert!(r["env_steps_per_s"].as_f64().unwrap() > 0.0, "{r}");
     assert!(
         r["reference"]["env_steps_per_s"].as_f64().unwrap() > 0.0,
@@ -163,27 +136,16 @@ fn bench_measures_environment_steps_on_both_paths() {
 
     let out = dir.path().join("out");
     let cfg = write(dir.path(), "m.toml", &mujoco_cartpole(&out, 1, ""));
-    let o = shardes(&[
-        "bench",
-        cfg.to_str().unwrap(),
-        "--generations",
-        "1",
-        "--warmup",
-        "0",
-        "--json",
-        json.to_str().unwrap(),
-    ]);
-    let (stdout, _) = exited(&o, 0);
-    for s in [
-        "host simulation",
-        "device policy evaluation",
-        "tell",
-        "reference env steps/s",
-    ] {
-        assert!(stdout.contains(s), "no {s} in {stdout}");
-    }
-    let r: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let (stdout, r) = bench(&cfg, "1", "0", &json);
+    has_all(
+        &stdout,
+        &[
+            "host simulation",
+            "device policy evaluation",
+            "tell",
+            "reference env steps/s",
+        ],
+    );
     assert!(r["sim_secs"].as_f64().unwrap() > 0.0, "{r}");
     assert!(r["policy_secs"].as_f64().unwrap() > 0.0, "{r}");
     assert!(r["dispatches"].as_u64().unwrap() >= 1, "{r}");
@@ -194,17 +156,18 @@ fn bad_mujoco_inputs_are_refused_with_a_hint() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
     // A model MuJoCo cannot parse: its own message.
-    let broken = write(
-        dir.path(),
-        "broken.xml",
-        "<mujoco><worldbody><body><geom type=\"spherex\" size=\"1\"/></body></worldbody></mujoco>",
-    );
-    let cfg = |mjcf: &Path, extra: &str| {
-        let text = mujoco_cartpole(&out, 1, extra).replace(
+    let xml =
+        "<mujoco><worldbody><body><geom type=\"spherex\" size=\"1\"/></body></worldbody></mujoco>";
+    let broken = write(dir.path(), "broken.xml", xml);
+    // The config of `mjcf` (of another `out` where given) with `extra` in [problem].
+    let on = |mjcf: &Path, out: &Path, extra: &str| {
+        mujoco_cartpole(out, 1, extra).replace(
             &model("cartpole.xml").display().to_string(),
             &mjcf.display().to_string(),
-        );
-        write(dir.path(), "c.toml", &text)
+        )
+    };
+    let cfg = |mjcf: &Path, extra: &str| {
+        write(dir.path(), "c.toml", &on(mjcf, &out, extra))
             .to_string_lossy()
             .into_owned()
     };
@@ -237,60 +200,33 @@ fn bad_mujoco_inputs_are_refused_with_a_hint() {
     );
     let zero = mujoco_cartpole(&out, 1, "").replace("episodes = 4", "episodes = 0");
     let zero = write(dir.path(), "z.toml", &zero);
-    refused(
-        &["run", zero.to_str().unwrap()],
-        "problem.episodes = 0",
-        "at least 1",
-    );
-    let o = shardes(&[
-        "rollout",
-        &cfg(&model("cartpole.xml"), ""),
-        "--episodes",
-        "0",
-    ]);
-    let (_, stderr) = exited(&o, 2);
-    assert!(
-        stderr.contains("--episodes") && stderr.contains("must be at least 1"),
-        "{stderr}"
-    );
+    refused(&["run", s(&zero)], "problem.episodes = 0", "at least 1");
+    let cartpole = cfg(&model("cartpole.xml"), "");
+    let (_, stderr) = exited(&shardes(&["rollout", &cartpole, "--episodes", "0"]), 2);
+    has_all(&stderr, &["--episodes", "must be at least 1"]);
 
     // A policy for another action size: trained on the reacher (nu = 2), replayed on the
     // cart-pole (nu = 1).
     let reacher_out = dir.path().join("reacher");
-    let reacher = mujoco_cartpole(&reacher_out, 1, "")
-        .replace(
-            &model("cartpole.xml").display().to_string(),
-            &model("reacher.xml").display().to_string(),
-        )
+    let reacher = on(&model("reacher.xml"), &reacher_out, "")
         .replace("episode_length = 200", "episode_length = 5");
-    let reacher = write(dir.path(), "r.toml", &reacher);
-    exited(&shardes(&["run", reacher.to_str().unwrap()]), 0);
+    ok(&["run", s(&write(dir.path(), "r.toml", &reacher))]);
     let params = reacher_out.join("params.safetensors");
     refused(
-        &[
-            "rollout",
-            &cfg(&model("cartpole.xml"), ""),
-            "--params",
-            params.to_str().unwrap(),
-        ],
+        &["rollout", &cartpole, "--params", s(&params)],
         "its policy gives 2 actions, but",
         "--params of a run of this config",
     );
     // --csv is for MuJoCo models; rollout is for control problems.
-    let cartpole = repo().join("examples/cartpole.toml");
+    let table = repo().join("examples/cartpole.toml");
     refused(
-        &[
-            "rollout",
-            cartpole.to_str().unwrap(),
-            "--csv",
-            dir.path().join("x.csv").to_str().unwrap(),
-        ],
+        &["rollout", s(&table), "--csv", s(&dir.path().join("x.csv"))],
         "--csv writes the qpos of MuJoCo models",
         "problem.mjcf",
     );
     let quick = repo().join("examples/quickstart.toml");
     refused(
-        &["rollout", quick.to_str().unwrap()],
+        &["rollout", s(&quick)],
         "shardes rollout replays control policies",
         "control problem",
     );

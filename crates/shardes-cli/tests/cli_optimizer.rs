@@ -35,10 +35,10 @@ fn resuming_mid_run_gives_the_uninterrupted_run_for_every_optimizer() {
         let cfg_a = write(dir.path(), "a.toml", &config(&a, 5, 0, optimizer));
         let cfg_b2 = write(dir.path(), "b2.toml", &config(&b, 2, 0, optimizer));
         let cfg_b5 = write(dir.path(), "b5.toml", &config(&b, 5, 0, optimizer));
-        exited(&shardes(&["run", cfg_a.to_str().unwrap()]), 0);
-        exited(&shardes(&["run", cfg_b2.to_str().unwrap()]), 0);
+        ok(&["run", s(&cfg_a)]);
+        ok(&["run", s(&cfg_b2)]);
         assert_eq!(state(&b)["generation"], 2, "{optimizer}");
-        let (stdout, _) = exited(&shardes(&["run", cfg_b5.to_str().unwrap(), "--resume"]), 0);
+        let (stdout, _) = ok(&["run", s(&cfg_b5), "--resume"]);
         assert!(stdout.contains("resuming at generation 2"), "{stdout}");
         let (pa, oa) = checkpoint_files(&a);
         let (pb, ob) = checkpoint_files(&b);
@@ -72,7 +72,7 @@ fn resuming_mid_run_gives_the_uninterrupted_run_for_every_optimizer() {
         let resolved = std::fs::read_to_string(b.join("config.toml")).unwrap();
         assert!(resolved.contains("optimizer"), "{resolved}");
         let again = write(dir.path(), "again.toml", &resolved);
-        let (stdout, _) = exited(&shardes(&["run", again.to_str().unwrap(), "--resume"]), 0);
+        let stdout = ok(&["run", s(&again), "--resume"]).0;
         assert!(stdout.contains("nothing to do"), "{optimizer}: {stdout}");
     }
 }
@@ -81,12 +81,8 @@ fn resuming_mid_run_gives_the_uninterrupted_run_for_every_optimizer() {
 fn sgd_checkpoints_hold_no_optimizer_state() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("sgd");
-    let cfg = write(
-        dir.path(),
-        "sgd.toml",
-        &config(&out, 1, 0, "optimizer = \"sgd\""),
-    );
-    exited(&shardes(&["run", cfg.to_str().unwrap()]), 0);
+    let text = config(&out, 1, 0, "optimizer = \"sgd\"");
+    ok(&["run", s(&write(dir.path(), "sgd.toml", &text))]);
     let text = std::fs::read_to_string(out.join("state.json")).unwrap();
     assert!(!text.contains("optimizer"), "{text}");
     // Written out as the default, the optimizer is left out of the resolved config, so it
@@ -94,7 +90,7 @@ fn sgd_checkpoints_hold_no_optimizer_state() {
     let resolved = std::fs::read_to_string(out.join("config.toml")).unwrap();
     assert!(!resolved.contains("optimizer"), "{resolved}");
     let plain = write(dir.path(), "plain.toml", &small_config(&out, 1, 0));
-    let (stdout, _) = exited(&shardes(&["run", plain.to_str().unwrap(), "--resume"]), 0);
+    let (stdout, _) = ok(&["run", s(&plain), "--resume"]);
     assert!(stdout.contains("nothing to do"), "{stdout}");
 }
 

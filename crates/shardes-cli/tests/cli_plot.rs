@@ -172,71 +172,41 @@ fn non_finite_values_and_a_cut_line_are_skipped() {
 #[test]
 fn missing_or_empty_metrics_are_user_errors() {
     let dir = tempfile::tempdir().unwrap();
+    // A directory `name` holding `metrics` as its metrics.jsonl, if any.
+    let run_dir = |name: &str, metrics: Option<&str>| {
+        let d = dir.path().join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        if let Some(text) = metrics {
+            write(&d, "metrics.jsonl", text);
+        }
+        d
+    };
     let missing = dir.path().join("nope");
-    refused(
-        &["plot", missing.to_str().unwrap()],
-        "does not exist",
-        "run.out",
-    );
-    let no_metrics = dir.path().join("empty_dir");
-    std::fs::create_dir_all(&no_metrics).unwrap();
-    refused(
-        &["plot", no_metrics.to_str().unwrap()],
-        "has no metrics.jsonl",
-        "shardes run",
-    );
-    let empty = dir.path().join("empty");
-    std::fs::create_dir_all(&empty).unwrap();
-    std::fs::write(empty.join("metrics.jsonl"), "").unwrap();
-    refused(
-        &["plot", empty.to_str().unwrap()],
-        "metrics.jsonl is empty",
-        "first",
-    );
-    std::fs::write(empty.join("metrics.jsonl"), "\n  \n").unwrap();
-    refused(
-        &["plot", empty.to_str().unwrap()],
-        "metrics.jsonl is empty",
-        "first",
-    );
-    let garbage = dir.path().join("garbage");
-    std::fs::create_dir_all(&garbage).unwrap();
-    std::fs::write(
-        garbage.join("metrics.jsonl"),
-        "not json\n{\"fitness_mean\":1}\n",
-    )
-    .unwrap();
-    refused(
-        &["plot", garbage.to_str().unwrap()],
-        "metrics.jsonl line 1: not JSON",
-        "JSON object",
-    );
+    refused(&["plot", s(&missing)], "does not exist", "run.out");
+    let no_metrics = run_dir("empty_dir", None);
+    let what = "has no metrics.jsonl";
+    refused(&["plot", s(&no_metrics)], what, "shardes run");
+    let empty = run_dir("empty", Some(""));
+    refused(&["plot", s(&empty)], "metrics.jsonl is empty", "first");
+    write(&empty, "metrics.jsonl", "\n  \n");
+    refused(&["plot", s(&empty)], "metrics.jsonl is empty", "first");
+    let garbage = run_dir("garbage", Some("not json\n{\"fitness_mean\":1}\n"));
+    let (what, hint) = ("metrics.jsonl line 1: not JSON", "JSON object");
+    refused(&["plot", s(&garbage)], what, hint);
     // A bad run among good ones fails the whole plot and writes nothing.
     let good = dir.path().join("good");
     synthetic_run(&good, 3, 1.0);
     let target = dir.path().join("o.svg");
+    let (good, empty) = (s(&good), s(&empty));
     refused(
-        &[
-            "plot",
-            good.to_str().unwrap(),
-            empty.to_str().unwrap(),
-            "-o",
-            target.to_str().unwrap(),
-        ],
+        &["plot", good, empty, "-o", s(&target)],
         "is empty",
         "first",
     );
     assert!(!target.exists());
-    refused(
-        &[
-            "plot",
-            good.to_str().unwrap(),
-            "-o",
-            dir.path().join("o.jpg").to_str().unwrap(),
-        ],
-        "no .svg or .png extension",
-        "curves.png",
-    );
+    let jpg = dir.path().join("o.jpg");
+    let (what, hint) = ("no .svg or .png extension", "curves.png");
+    refused(&["plot", good, "-o", s(&jpg)], what, hint);
 }
 
 #[test]

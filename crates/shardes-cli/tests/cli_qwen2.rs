@@ -13,16 +13,12 @@ fn config(dir: &Path, problem: &str, generations: usize) -> String {
 [problem]
 name = "qwen2"
 {problem}
-[es]
-strategy = "mirrored(lowrank(r=1))"
-n = 16
-sigma = 0.01
-lr = 0.01
-[run]
+{}[run]
 generations = {generations}
 out = "{}"
 checkpoint_every = 2
 "#,
+        mirrored_es(16, 0.01, 0.01),
         dir.join("out").display()
     );
     write(dir, "q.toml", &text).to_string_lossy().into_owned()

@@ -14,61 +14,48 @@ use common::*;
 /// A target_token run of a tiny random Qwen2: the reward is the share of token 7 in each
 /// completion of 8 tokens.
 fn target_token(out: &Path, generations: usize, every: usize, extra: &str) -> String {
-    format!(
-        r#"
-devices = 8
-[problem]
-name = "qwen2"
-size = "tiny"
-[es]
-strategy = "mirrored(lowrank(r=1))"
-n = 64
-sigma = 0.05
-lr = 0.05
-shaping = "centered_ranks"
-[task]
-name = "target_token"
-token = 7
-prompts = 4
-prompt_tokens = 4
-prompt_len = 4
-max_new_tokens = 8
-{extra}
-[eval]
-every = {every}
-prompts = 16
-[run]
-seed = 0
-generations = {generations}
-out = "{}"
-checkpoint_every = {every}
-"#,
-        out.display()
-    )
+    TargetToken {
+        devices: 8,
+        n: 64,
+        prompts: 4,
+        max_new_tokens: 8,
+        es: "shaping = \"centered_ranks\"",
+        task: extra,
+        eval: &format!("[eval]\nevery = {every}\nprompts = 16"),
+        run: &format!("seed = 0\ngenerations = {generations}\ncheckpoint_every = {every}"),
+        ..TargetToken::default()
+    }
+    .config(out)
 }
 
 /// `extra` of every metrics line, in order.
 fn extras(out: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(out.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["extra"].clone())
-        .collect()
+    let lines = json_lines(&out.join("metrics.jsonl"));
+    lines.into_iter().map(|l| l["extra"].clone()).collect()
+}
+
+/// [`extras`] without the timings.
+fn untimed_extras(out: &Path) -> Vec<serde_json::Value> {
+    let mut v = extras(out);
+    for x in &mut v {
+        let o = x.as_object_mut().unwrap();
+        o.remove("tok/s");
+        o.remove("host_share");
+    }
+    v
 }
 
 fn evals(out: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(out.join("eval.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+    let path = out.join("eval.jsonl");
+    if path.exists() {
+        json_lines(&path)
+    } else {
+        Vec::new()
+    }
 }
 
 fn run(config: &Path) -> std::process::Output {
-    bin()
-        .args(["run", config.to_str().unwrap()])
-        .output()
-        .unwrap()
+    shardes(&["run", s(config)])
 }
 
 /// Runs `config` (writing `out`), kills it once `after` generations are in its metrics,
@@ -76,7 +63,7 @@ fn run(config: &Path) -> std::process::Output {
 /// from.
 fn kill_and_resume(config: &Path, out: &Path, after: usize, generations: u64) -> u64 {
     let mut child = bin()
-        .args(["run", config.to_str().unwrap()])
+        .args(["run", s(config)])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -86,11 +73,7 @@ fn kill_and_resume(config: &Path, out: &Path, after: usize, generations: u64) ->
     child.wait().unwrap();
     let at = state(out)["generation"].as_u64().unwrap();
     assert!(at < generations, "the kill came after the end");
-    let o = bin()
-        .args(["run", config.to_str().unwrap(), "--resume"])
-        .output()
-        .unwrap();
-    exited(&o, 0);
+    ok(&["run", s(config), "--resume"]);
     at
 }
 
@@ -103,11 +86,8 @@ fn a_tiny_model_learns_a_token_reward() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
     let cfg = write(dir.path(), "tt.toml", &target_token(&out, 30, 10, ""));
-    let o = run(&cfg);
-    let (stdout, _) = exited(&o, 0);
-    assert!(stdout.contains("reward"), "{stdout}");
-    assert!(stdout.contains("tok/s"), "{stdout}");
-    assert!(stdout.contains("eval gen 0:"), "{stdout}");
+    let (stdout, _) = exited(&run(&cfg), 0);
+    has_all(&stdout, &["reward", "tok/s", "eval gen 0:"]);
     let x = extras(&out);
     assert_eq!(x.len(), 30);
     let reward = |i: usize| x[i]["reward"].as_f64().unwrap();
@@ -130,13 +110,16 @@ fn a_tiny_model_learns_a_token_reward() {
 
     // `shardes generate` decodes the held-out prompts with the trained parameters.
     let params = out.join("params.safetensors");
-    let o = bin()
-        .args(["generate", cfg.to_str().unwrap(), "--params"])
-        .arg(&params)
-        .args(["--split", "test", "--count", "16"])
-        .output()
-        .unwrap();
-    let (stdout, _) = exited(&o, 0);
+    let (stdout, _) = ok(&[
+        "generate",
+        s(&cfg),
+        "--params",
+        s(&params),
+        "--split",
+        "test",
+        "--count",
+        "16",
+    ]);
     assert_eq!(stdout.matches("### completion").count(), 16, "{stdout}");
     let mean: f64 = stdout
         .lines()
@@ -148,21 +131,12 @@ fn a_tiny_model_learns_a_token_reward() {
 
     // `shardes eval --compare` decodes the held-out prompts with the run's own evaluation
     // program: its per-prompt rewards average exactly to eval.jsonl's first and last lines.
-    let o = bin()
-        .arg("eval")
-        .arg(&out)
-        .args(["--compare", "--count", "16"])
-        .output()
-        .unwrap();
-    let (stdout, _) = exited(&o, 0);
-    for row in ["base ", "tuned ", "diff ", "(generation 30)", "mean reward"] {
-        assert!(stdout.contains(row), "{row}: {stdout}");
-    }
-    let lines: Vec<serde_json::Value> = std::fs::read_to_string(out.join("eval-completions.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let (stdout, _) = ok(&["eval", s(&out), "--compare", "--count", "16"]);
+    has_all(
+        &stdout,
+        &["base ", "tuned ", "diff ", "(generation 30)", "mean reward"],
+    );
+    let lines = json_lines(&out.join("eval-completions.jsonl"));
     assert_eq!(lines.len(), 32);
     let mean_of = |model: &str| {
         let r: Vec<f64> = lines
@@ -181,12 +155,7 @@ fn a_tiny_model_learns_a_token_reward() {
         "other.toml",
         &target_token(&out, 30, 10, "").replace("seed = 0", "seed = 5"),
     );
-    let o = bin()
-        .args(["eval", other.to_str().unwrap(), "--params"])
-        .arg(&params)
-        .output()
-        .unwrap();
-    let (_, stderr) = exited(&o, 2);
+    let (_, stderr) = exited(&shardes(&["eval", s(&other), "--params", s(&params)]), 2);
     assert!(stderr.contains("another model"), "{stderr}");
 }
 
@@ -210,15 +179,7 @@ fn a_killed_sampled_run_resumes_bit_for_bit() {
         std::fs::read(cut.join("params.safetensors")).unwrap(),
         "parameters differ after the resume from generation {at}"
     );
-    let strip = |mut v: Vec<serde_json::Value>| {
-        for x in &mut v {
-            let o = x.as_object_mut().unwrap();
-            o.remove("tok/s");
-            o.remove("host_share");
-        }
-        v
-    };
-    assert_eq!(strip(extras(&whole)), strip(extras(&cut)));
+    assert_eq!(untimed_extras(&whole), untimed_extras(&cut));
     let fit = |m: Vec<Metric>| -> Vec<(u32, f64, f64, f64)> {
         m.into_iter()
             .map(|m| (m.generation, m.fitness_mean, m.fitness_min, m.fitness_max))
@@ -234,7 +195,7 @@ fn a_killed_sampled_run_resumes_bit_for_bit() {
 #[test]
 fn the_countdown_example_runs_end_to_end() {
     let dir = tempfile::tempdir().unwrap();
-    let text = std::fs::read_to_string(repo().join("examples/countdown_tiny.toml")).unwrap();
+    let text = example("countdown_tiny.toml");
     let tok = repo().join("examples/countdown_tokenizer.json");
     let out = dir.path().join("out");
     let text = text
@@ -257,18 +218,23 @@ fn the_countdown_example_runs_end_to_end() {
     assert_eq!(state(&out)["generation"], 2);
 
     // One prompt of one's own, graded by nothing (no split asked).
-    let o = bin()
-        .args(["generate", cfg.to_str().unwrap(), "--prompt"])
-        .arg("numbers 3 5 7 target 15 answer")
-        .args(["--max-new-tokens", "6"])
-        .output()
-        .unwrap();
-    let (stdout, _) = exited(&o, 0);
-    assert!(
-        stdout.contains("### prompt 0\nnumbers 3 5 7 target 15 answer"),
-        "{stdout}"
+    let prompt = "numbers 3 5 7 target 15 answer";
+    let generate = [
+        "generate",
+        s(&cfg),
+        "--prompt",
+        prompt,
+        "--max-new-tokens",
+        "6",
+    ];
+    let (stdout, _) = ok(&generate);
+    has_all(
+        &stdout,
+        &[
+            "### prompt 0\nnumbers 3 5 7 target 15 answer",
+            "### completion 0 (",
+        ],
     );
-    assert!(stdout.contains("### completion 0 ("), "{stdout}");
 }
 
 /// Bad task input: each a config error (exit 2) naming the problem and the fix.
@@ -278,23 +244,10 @@ fn bad_task_input_is_a_clear_error() {
     let fixture = repo().join("tests/fixtures/qwen2_tiny");
     let base = |task: &str| {
         format!(
-            r#"
-devices = 1
-[problem]
-name = "qwen2"
-checkpoint = "{}"
-[es]
-strategy = "mirrored(lowrank(r=1))"
-n = 4
-sigma = 0.01
-lr = 0.01
-[task]
-{task}
-[run]
-generations = 1
-out = "{}"
-"#,
+            "devices = 1\n[problem]\nname = \"qwen2\"\ncheckpoint = \"{}\"\n{}[task]\n{task}\n\
+             [run]\ngenerations = 1\nout = \"{}\"\n",
             fixture.display(),
+            mirrored_es(4, 0.01, 0.01),
             dir.path().join("out").display()
         )
     };
@@ -374,23 +327,11 @@ fn slow_a_reward_run_with_adam_resumes_bit_for_bit() {
         0,
     );
     let cfg = write(dir.path(), "c.toml", &config(&cut, 6, adam));
-    let o = bin()
-        .args(["run", cfg.to_str().unwrap(), "--resume"])
-        .output()
-        .unwrap();
-    let (stdout, _) = exited(&o, 0);
+    let (stdout, _) = ok(&["run", s(&cfg), "--resume"]);
     assert!(stdout.contains("resuming at generation 3"), "{stdout}");
     let bytes = |out: &Path| std::fs::read(out.join("params.safetensors")).unwrap();
     assert_eq!(bytes(&whole), bytes(&cut), "parameters after the resume");
-    let strip = |mut v: Vec<serde_json::Value>| {
-        for x in &mut v {
-            let o = x.as_object_mut().unwrap();
-            o.remove("tok/s");
-            o.remove("host_share");
-        }
-        v
-    };
-    assert_eq!(strip(extras(&whole)), strip(extras(&cut)));
+    assert_eq!(untimed_extras(&whole), untimed_extras(&cut));
     assert_eq!(evals(&whole), evals(&cut));
 
     let sgd = dir.path().join("sgd");
@@ -477,7 +418,7 @@ mod reward_command {
         command: &[String],
         restarts: u32,
     ) -> PathBuf {
-        let text = std::fs::read_to_string(repo().join("examples/jsonl_reward.toml")).unwrap();
+        let text = example("jsonl_reward.toml");
         let cmd = serde_json::to_string(command).unwrap();
         let text = text
             .replace("generations = 10", &format!("generations = {generations}"))
@@ -490,26 +431,17 @@ mod reward_command {
     }
 
     fn run(cfg: &Path, resume: bool) -> Output {
-        let mut c = bin();
-        c.current_dir(repo()).args(["run", cfg.to_str().unwrap()]);
+        let mut args = vec!["run", s(cfg)];
         if resume {
-            c.arg("--resume");
+            args.push("--resume");
         }
-        c.output().unwrap()
+        at_repo(&args)
     }
 
     fn hashed(text: &str) -> f64 {
         let d = Sha256::digest(text.as_bytes());
         let hex: String = d.iter().map(|b| format!("{b:02x}")).collect();
         f64::from(u32::from_str_radix(&hex[..5], 16).unwrap())
-    }
-
-    fn lines(path: &Path) -> Vec<serde_json::Value> {
-        std::fs::read_to_string(path)
-            .unwrap()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
     }
 
     fn python(args: &[&str]) -> Vec<String> {
@@ -590,13 +522,12 @@ mod reward_command {
     fn slow_the_shipped_reward_example_runs() {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("example");
-        let text = std::fs::read_to_string(repo().join("examples/jsonl_reward.toml"))
-            .unwrap()
+        let text = example("jsonl_reward.toml")
             .replace("generations = 10", "generations = 2")
             .replace("\"runs/jsonl_reward\"", &format!("\"{}\"", out.display()));
         let cfg = write(dir.path(), "example.toml", &text);
         exited(&run(&cfg, false), 0);
-        for m in lines(&out.join("metrics.jsonl")) {
+        for m in json_lines(&out.join("metrics.jsonl")) {
             let r = m["extra"]["reward"].as_f64().unwrap();
             assert!(
                 r.is_finite() && m["extra"].get("contained").is_none(),
@@ -614,7 +545,7 @@ mod reward_command {
         let out = dir.path().join("hash");
         let cfg = config(dir.path(), &out, 2, &python(&["hash"]), 0);
         exited(&run(&cfg, false), 0);
-        let evals = lines(&out.join("eval.jsonl"));
+        let evals = json_lines(&out.join("eval.jsonl"));
         assert_eq!(evals.len(), 2);
         for e in &evals {
             assert_eq!(e["contained"], 0);
@@ -623,7 +554,7 @@ mod reward_command {
                 assert_eq!(s["reward"].as_f64().unwrap(), hashed(text), "{s}");
             }
         }
-        for m in lines(&out.join("metrics.jsonl")) {
+        for m in json_lines(&out.join("metrics.jsonl")) {
             assert!(m["extra"]["reward"].as_f64().unwrap() > 1.0, "{m}");
             assert!(m["extra"].get("contained").is_none(), "{m}");
         }
@@ -648,7 +579,7 @@ mod reward_command {
             "{stderr}"
         );
         assert!(stderr.contains("running generation 3"), "{stderr}");
-        let m = lines(&out.join("metrics.jsonl"));
+        let m = json_lines(&out.join("metrics.jsonl"));
         assert_eq!(m.len(), 3);
         assert_eq!(m[2]["extra"]["contained"].as_f64(), Some(32.0));
         assert_eq!(state(&out)["generation"], 3);
@@ -671,12 +602,7 @@ mod reward_command {
             stderr.contains("task.reward.command") && stderr.contains("/no/such/reward"),
             "{stderr}"
         );
-        let o = bin()
-            .current_dir(repo())
-            .args(["check", cfg.to_str().unwrap()])
-            .output()
-            .unwrap();
-        assert!(!o.status.success());
+        assert!(!at_repo(&["check", s(&cfg)]).status.success());
     }
 }
 
@@ -698,31 +624,16 @@ mod export {
         let data = write(dir, "d.jsonl", DATA);
         let out = dir.join("run");
         let text = format!(
-            r#"devices = 1
-    [problem]
-    name = "qwen2"
-    checkpoint = "{}"
-    data = "{}"
-    [es]
-    strategy = "mirrored(lowrank(r=1))"
-    n = 4
-    sigma = 0.01
-    lr = 0.01
-    [run]
-    generations = 2
-    out = "{}"
-    "#,
+            "devices = 1\n[problem]\nname = \"qwen2\"\ncheckpoint = \"{}\"\ndata = \"{}\"\n{}\
+             [run]\ngenerations = 2\nout = \"{}\"\n",
             repo().join("tests/fixtures/qwen2_tiny").display(),
             data.display(),
+            mirrored_es(4, 0.01, 0.01),
             out.display()
         );
         let config = write(dir, "q.toml", &text);
-        exited(&shardes(&["run", config.to_str().unwrap()]), 0);
+        ok(&["run", s(&config)]);
         (config, out)
-    }
-
-    fn s(p: &Path) -> &str {
-        p.to_str().unwrap()
     }
 
     #[test]

@@ -5,42 +5,38 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use common::*;
 
 /// A target_token reward config on 2 devices, n = 4: two prompts of 4 token ids, 4 new
-/// tokens, with or without an `[eval]`.
-fn reward_config(out: &Path, eval: bool) -> String {
-    format!(
-        r#"devices = 2
-[problem]
-name = "qwen2"
-size = "tiny"
-[es]
-strategy = "mirrored(lowrank(r=1))"
-n = 4
-sigma = 0.05
-lr = 0.05
-[task]
-name = "target_token"
-token = 7
-prompts = 2
-prompt_tokens = 4
-prompt_len = 4
-max_new_tokens = 4
-{}
-[run]
-generations = 1
-out = "{}"
-"#,
-        if eval {
+/// tokens, with or without an `[eval]`, written to `dir/t.toml` (writing to `dir/o`).
+fn reward_config(dir: &Path, eval: bool) -> PathBuf {
+    let config = TargetToken {
+        eval: if eval {
             "[eval]\nevery = 1\nprompts = 2"
         } else {
             ""
         },
-        out.display()
-    )
+        run: "generations = 1",
+        ..TargetToken::default()
+    }
+    .config(&dir.join("o"));
+    write(dir, "t.toml", &config)
+}
+
+/// `shardes hlo CONFIG [args]`'s output after checking that it exited 0.
+fn hlo(cfg: &Path, args: &[&str]) -> String {
+    let mut all = vec!["hlo", s(cfg)];
+    all.extend(args);
+    ok(&all).0
+}
+
+/// The program names of `hlo --program all`'s output, in order.
+fn program_names(all: &str) -> Vec<&str> {
+    all.lines()
+        .filter_map(|l| l.strip_prefix("// program: "))
+        .collect()
 }
 
 /// The 2-device mesh over "pop" every program declares.
@@ -56,14 +52,8 @@ fn main_line(text: &str) -> &str {
 #[test]
 fn hlo_prints_the_decode_program_of_a_reward_config() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = write(
-        dir.path(),
-        "t.toml",
-        &reward_config(&dir.path().join("o"), true),
-    );
-    let o = shardes(&["hlo", cfg.to_str().unwrap()]);
-    let (stdout, stderr) = text(&o);
-    assert_eq!(o.status.code(), Some(0), "{stderr}");
+    let cfg = reward_config(dir.path(), true);
+    let stdout = hlo(&cfg, &[]);
     assert!(stdout.contains(MESH), "{stdout}");
     // One program, the decode: it takes the prompt batch and its lengths and returns each
     // member's tokens [n, B, max_new] and lengths [n, B], sharded over "pop".
@@ -82,27 +72,15 @@ fn hlo_prints_the_decode_program_of_a_reward_config() {
         assert!(main.contains(want), "missing {want:?} in {main}");
     }
     // `--program decode` is the default.
-    let o = shardes(&["hlo", cfg.to_str().unwrap(), "--program", "decode"]);
-    assert_eq!(o.status.code(), Some(0));
-    assert_eq!(text(&o).0, stdout);
+    assert_eq!(hlo(&cfg, &["--program", "decode"]), stdout);
 }
 
 #[test]
 fn hlo_program_selects_the_tell_the_eval_or_all_of_a_reward_run() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = write(
-        dir.path(),
-        "t.toml",
-        &reward_config(&dir.path().join("o"), true),
-    );
-    let c = cfg.to_str().unwrap();
-    let o = shardes(&["hlo", c, "--program", "all"]);
-    let (all, stderr) = text(&o);
-    assert_eq!(o.status.code(), Some(0), "{stderr}");
-    let names: Vec<&str> = all
-        .lines()
-        .filter_map(|l| l.strip_prefix("// program: "))
-        .collect();
+    let cfg = reward_config(dir.path(), true);
+    let all = hlo(&cfg, &["--program", "all"]);
+    let names = program_names(&all);
     assert_eq!(names, ["decode", "tell", "eval"]);
     let sections: Vec<&str> = all.split("// program: ").skip(1).collect();
     for (name, section) in names.iter().zip(&sections) {
@@ -119,32 +97,22 @@ fn hlo_program_selects_the_tell_the_eval_or_all_of_a_reward_run() {
     }
     // Each alone prints its section of `all`.
     for (name, section) in names.iter().zip(&sections) {
-        let o = shardes(&["hlo", c, "--program", name]);
-        let (one, stderr) = text(&o);
-        assert_eq!(o.status.code(), Some(0), "{name}: {stderr}");
+        let one = hlo(&cfg, &["--program", name]);
         let body = section.split_once('\n').map_or("", |(_, b)| b);
         // `text` drops the final newline.
         assert_eq!(one.trim_end(), body.trim_end(), "{name}");
     }
     // XLA's optimized tell, compiled for the config's 2 partitions.
-    let o = shardes(&["hlo", c, "--program", "tell", "--optimized"]);
-    let (opt, stderr) = text(&o);
-    assert_eq!(o.status.code(), Some(0), "{stderr}");
-    assert!(
-        opt.starts_with("// tell: optimized for 2 partitions; shapes are per device"),
-        "{opt}"
-    );
+    let opt = hlo(&cfg, &["--program", "tell", "--optimized"]);
+    let head = "// tell: optimized for 2 partitions; shapes are per device";
+    assert!(opt.starts_with(head), "{opt}");
     assert!(opt.contains(" (entry) {"), "{opt}");
 }
 
 #[test]
 fn hlo_program_is_refused_where_it_does_not_apply() {
     let dir = tempfile::tempdir().unwrap();
-    let no_eval = write(
-        dir.path(),
-        "t.toml",
-        &reward_config(&dir.path().join("o"), false),
-    );
+    let no_eval = reward_config(dir.path(), false);
     let loss = write(
         dir.path(),
         "l.toml",
@@ -158,22 +126,13 @@ fn hlo_program_is_refused_where_it_does_not_apply() {
             "--program tell: only a [task] config has several programs",
         ),
     ] {
-        let o = shardes(&["hlo", cfg.to_str().unwrap(), "--program", program]);
-        let (stdout, stderr) = text(&o);
-        assert_eq!(o.status.code(), Some(2), "{stdout}\n{stderr}");
-        assert!(stderr.contains(want), "want {want:?}: {stderr}");
-        assert!(stderr.contains("hint: "), "{stderr}");
+        let (_, stderr) = exited(&shardes(&["hlo", s(cfg), "--program", program]), 2);
+        has_all(&stderr, &[want, "hint: "]);
     }
     // Without [eval] `all` is the decode and the tell.
-    let o = shardes(&["hlo", no_eval.to_str().unwrap(), "--program", "all"]);
-    let (stdout, _) = text(&o);
-    assert_eq!(o.status.code(), Some(0));
-    let names: Vec<&str> = stdout
-        .lines()
-        .filter_map(|l| l.strip_prefix("// program: "))
-        .collect();
-    assert_eq!(names, ["decode", "tell"]);
+    let all = hlo(&no_eval, &["--program", "all"]);
+    assert_eq!(program_names(&all), ["decode", "tell"]);
     // A bogus name is a usage error.
-    let o = shardes(&["hlo", no_eval.to_str().unwrap(), "--program", "loss"]);
+    let o = shardes(&["hlo", s(&no_eval), "--program", "loss"]);
     assert_eq!(o.status.code(), Some(2));
 }

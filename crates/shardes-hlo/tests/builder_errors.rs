@@ -9,6 +9,14 @@ fn f32s(shape: &[i64]) -> TensorType {
     TensorType::f32(shape)
 }
 
+/// Checks that the message of `e` (an error or its text) says each of `parts`.
+fn says(e: &impl std::fmt::Display, parts: &[&str]) {
+    let msg = e.to_string();
+    for part in parts {
+        assert!(msg.contains(part), "{msg}");
+    }
+}
+
 #[test]
 fn dtype_mismatch_names_op_and_types() {
     let f = Func::new("main");
@@ -18,10 +26,7 @@ fn dtype_mismatch_names_op_and_types() {
     assert!(matches!(e, HloError::DTypeMismatch { .. }), "{e:?}");
     let msg = e.to_string();
     assert!(msg.contains("`add`"), "{msg}");
-    assert!(
-        msg.contains("tensor<4xf32>") && msg.contains("tensor<4xi32>"),
-        "{msg}"
-    );
+    says(&msg, &["tensor<4xf32>", "tensor<4xi32>"]);
     assert!(
         msg.contains("convert"),
         "message should suggest the fix: {msg}"
@@ -32,10 +37,7 @@ fn dtype_mismatch_names_op_and_types() {
     assert!(e.to_string().contains("`exp`") && e.to_string().contains("tensor<4xi32>"));
     // Bitcast across widths.
     let e = a.bitcast_convert(DType::F16).unwrap_err();
-    assert!(
-        e.to_string().contains("bitcast_convert") && e.to_string().contains("32 bits"),
-        "{e}"
-    );
+    says(&e, &["bitcast_convert", "32 bits"]);
 }
 
 #[test]
@@ -46,37 +48,15 @@ fn shape_mismatch_names_op_and_shapes() {
     let e = a.mul(&b).unwrap_err();
     assert!(matches!(e, HloError::ShapeMismatch { .. }), "{e:?}");
     let msg = e.to_string();
-    assert!(
-        msg.contains("`mul`") && msg.contains("tensor<4x3xf32>") && msg.contains("tensor<5xf32>"),
-        "{msg}"
-    );
+    says(&msg, &["`mul`", "tensor<4x3xf32>", "tensor<5xf32>"]);
     // Contracting sizes differ.
     let w = f.arg("w", f32s(&[5, 4])).unwrap();
     let e = a.matmul(&w).unwrap_err();
     assert!(matches!(e, HloError::ShapeMismatch { .. }), "{e:?}");
-    assert!(
-        e.to_string().contains("dot_general")
-            && e.to_string().contains("size 3")
-            && e.to_string().contains("size 5"),
-        "{e}"
-    );
+    says(&e, &["dot_general", "size 3", "size 5"]);
     // Reshape element count.
     let e = a.reshape(&[5, 2]).unwrap_err();
-    assert!(
-        e.to_string().contains("reshape") && e.to_string().contains("12 elements"),
-        "{e}"
-    );
-}
-
-#[test]
-fn broadcasting_is_numpy_style() {
-    let f = Func::new("main");
-    let a = f.arg("a", f32s(&[4, 3])).unwrap();
-    let b = f.arg("b", f32s(&[3])).unwrap();
-    let c = f.arg("c", f32s(&[4, 1])).unwrap();
-    assert_eq!(a.add(&b).unwrap().shape(), &[4, 3]);
-    assert_eq!(b.add(&c).unwrap().shape(), &[4, 3]);
-    assert_eq!(a.mul(&a.const_like(2.0).unwrap()).unwrap().shape(), &[4, 3]);
+    says(&e, &["reshape", "12 elements"]);
 }
 
 #[test]
@@ -85,21 +65,12 @@ fn invalid_attribute_names_op() {
     let a = f.arg("a", f32s(&[4, 3])).unwrap();
     let e = a.transpose(&[0, 0]).unwrap_err();
     assert!(matches!(e, HloError::InvalidAttribute { .. }), "{e:?}");
-    assert!(
-        e.to_string().contains("transpose") && e.to_string().contains("tensor<4x3xf32>"),
-        "{e}"
-    );
+    says(&e, &["transpose", "tensor<4x3xf32>"]);
     let e = a.reduce_sum(&[2]).unwrap_err();
     assert!(matches!(e, HloError::InvalidAttribute { .. }), "{e:?}");
-    assert!(
-        e.to_string().contains("reduce_sum") && e.to_string().contains("out of range"),
-        "{e}"
-    );
+    says(&e, &["reduce_sum", "out of range"]);
     let e = a.slice(&[0, 0], &[5, 3], &[1, 1]).unwrap_err();
-    assert!(
-        e.to_string().contains("slice") && e.to_string().contains("limit (5)"),
-        "{e}"
-    );
+    says(&e, &["slice", "limit (5)"]);
     let dims = DotDims {
         lhs_contract: vec![1],
         rhs_contract: vec![],
@@ -118,10 +89,7 @@ fn foreign_value_is_an_error() {
     let e = a.add(&b).unwrap_err();
     assert!(matches!(e, HloError::ForeignValue { .. }), "{e:?}");
     let msg = e.to_string();
-    assert!(
-        msg.contains("`other`") && msg.contains("`main`") && msg.contains("%b"),
-        "{msg}"
-    );
+    says(&msg, &["`other`", "`main`", "%b"]);
 }
 
 #[test]
@@ -162,10 +130,7 @@ fn region_results_are_checked() {
         .while_loop(&[&x], |c| c[0].reduce_sum(&[0]), |c| Ok(vec![c[0].clone()]))
         .unwrap_err();
     assert!(matches!(e, HloError::RegionResult { .. }), "{e:?}");
-    assert!(
-        e.to_string().contains("while (cond)") && e.to_string().contains("tensor<i1>"),
-        "{e}"
-    );
+    says(&e, &["while (cond)", "tensor<i1>"]);
     let e = f
         .while_loop(
             &[&x],
@@ -173,10 +138,7 @@ fn region_results_are_checked() {
             |c| Ok(vec![c[0].reduce_sum(&[0])?]),
         )
         .unwrap_err();
-    assert!(
-        e.to_string().contains("while (body)") && e.to_string().contains("tensor<4xf32>"),
-        "{e}"
-    );
+    says(&e, &["while (body)", "tensor<4xf32>"]);
 }
 
 #[test]
@@ -187,10 +149,7 @@ fn sharding_errors_say_what_to_change() {
         .arg_sharded("x", f32s(&[12, 4]), &Sharding::split(2, 0).unwrap())
         .unwrap_err();
     assert!(matches!(e, HloError::Sharding { .. }), "{e:?}");
-    assert!(
-        e.to_string().contains("12") && e.to_string().contains("8 devices"),
-        "{e}"
-    );
+    says(&e, &["12", "8 devices"]);
     assert!(Sharding::split(2, 2).is_err());
     let x = f.arg("x", f32s(&[16])).unwrap();
     let e = x.all_reduce_sum().unwrap_err();
@@ -226,10 +185,7 @@ fn function_errors() {
     let g = m.func("g");
     let z = g.arg("z", f32s(&[3])).unwrap();
     let e = g.call(&callee, &[&z]).unwrap_err();
-    assert!(
-        e.to_string().contains("@helper") && e.to_string().contains("tensor<3xf32>"),
-        "{e}"
-    );
+    says(&e, &["@helper", "tensor<3xf32>"]);
 }
 
 #[test]
@@ -237,21 +193,21 @@ fn constant_errors() {
     let f = Func::new("main");
     let e = f.constant(&[2, 2], &[1.0f32, 2.0, 3.0]).unwrap_err();
     assert!(matches!(e, HloError::Constant { .. }), "{e:?}");
-    assert!(
-        e.to_string().contains("tensor<2x2xf32>") && e.to_string().contains("3 elements"),
-        "{e}"
-    );
+    says(&e, &["tensor<2x2xf32>", "3 elements"]);
     let e = f.scalar_of(DType::I32, 0.5).unwrap_err();
     assert!(e.to_string().contains("not exactly representable"), "{e}");
 }
 
 #[test]
 fn compare_type_follows_dtype() {
-    let m = Module::new("m");
+    let mut m = Module::new("m");
     let f = m.func("main");
-    let a = f.arg("a", TensorType::u32(&[2])).unwrap();
-    let b = f.arg("b", TensorType::i32(&[2])).unwrap();
-    let c = f.arg("c", f32s(&[2])).unwrap();
+    let arg = |name: &str, t: TensorType| f.arg(name, t).unwrap();
+    let (a, b, c) = (
+        arg("a", TensorType::u32(&[2])),
+        arg("b", TensorType::i32(&[2])),
+        arg("c", f32s(&[2])),
+    );
     let r = [
         a.compare(&a, Cmp::Lt).unwrap(),
         b.ge(&b).unwrap(),
@@ -260,13 +216,23 @@ fn compare_type_follows_dtype() {
     for v in &r {
         f.output(v).unwrap();
     }
-    let mut m = m;
     m.add(f.finish().unwrap()).unwrap();
     let text = m.to_mlir();
     assert!(text.contains("LT, %a, %a, UNSIGNED"), "{text}");
     assert!(text.contains("GE, %b, %b, SIGNED"), "{text}");
     assert!(text.contains("NE, %c, %c, FLOAT"), "{text}");
     assert!(a.compare_typed(&a, Cmp::Lt, "FLOAT").is_err());
+}
+
+#[test]
+fn broadcasting_is_numpy_style() {
+    let f = Func::new("main");
+    let a = f.arg("a", f32s(&[4, 3])).unwrap();
+    let b = f.arg("b", f32s(&[3])).unwrap();
+    let c = f.arg("c", f32s(&[4, 1])).unwrap();
+    assert_eq!(a.add(&b).unwrap().shape(), &[4, 3]);
+    assert_eq!(b.add(&c).unwrap().shape(), &[4, 3]);
+    assert_eq!(a.mul(&a.const_like(2.0).unwrap()).unwrap().shape(), &[4, 3]);
 }
 
 /// A caller's own error type, as the ES layer has one.

@@ -5,7 +5,7 @@
 
 use shardes_hlo::builder::{DType, TensorType, Value};
 use shardes_hlo::decode::{DecodeShape, DecodeSpec};
-use shardes_hlo::es::{leaf_infos, EsError, EsSpec, Model, ModelParams, ShardedES};
+use shardes_hlo::es::{leaf_infos, EsError, EsSpec, Model, ModelParams, Program, ShardedES};
 use shardes_hlo::nn::{self, Act};
 use shardes_hlo::prng::key;
 use shardes_hlo::problems::qwen2::{Qwen2, Qwen2Config};
@@ -85,7 +85,8 @@ fn every_example_model_emits_a_bf16_forward() {
     use shardes_hlo::problems::quadratic::Quadratic;
     use shardes_hlo::problems::transformer_block::TransformerBlock;
     let es = es(DType::BF16);
-    let check = |name: &str, text: String| {
+    let check = |name: &str, program: Result<Program, EsError>| {
+        let text = program.unwrap().module.to_mlir();
         assert!(text.contains("xbf16>"), "{name}: no bf16 value");
         assert!(text.contains("dot_general"), "{name}: no contraction");
     };
@@ -95,35 +96,14 @@ fn every_example_model_emits_a_bf16_forward() {
         seq: 4,
     };
     let leaves = leaf_infos(&tb.init(key(0).unwrap()).unwrap());
-    check(
-        "transformer_block",
-        es.generation_program(&tb, &leaves)
-            .unwrap()
-            .module
-            .to_mlir(),
-    );
+    check("transformer_block", es.generation_program(&tb, &leaves));
     let control = Control::new(Env::Pendulum, 2, 5, &[4]).unwrap();
     let leaves = leaf_infos(&control.init(key(0).unwrap()).unwrap());
-    check(
-        "control",
-        es.generation_program(&control, &leaves)
-            .unwrap()
-            .module
-            .to_mlir(),
-    );
+    check("control", es.generation_program(&control, &leaves));
     // The host-simulated policy's actions stay the declared f32.
     let step = PolicyStep::new(&control.widths(), 8, 2).unwrap();
-    check(
-        "policy step",
-        es.outputs_program(&step, &leaves).unwrap().module.to_mlir(),
-    );
+    check("policy step", es.outputs_program(&step, &leaves));
     let quad = Quadratic::new(4, 3, 10.0).unwrap();
     let leaves = leaf_infos(&quad.init().unwrap());
-    check(
-        "quadratic",
-        es.generation_program(&quad, &leaves)
-            .unwrap()
-            .module
-            .to_mlir(),
-    );
+    check("quadratic", es.generation_program(&quad, &leaves));
 }

@@ -223,25 +223,19 @@ fn separable_sigma_must_fit_a_2d_leaf() {
         "sigma_separable[\"wq\"]: p[1] = 0 is not a finite number > 0"
     );
     // A (5, 3) leaf: p per row, q per column; a 1-D leaf takes no separable σ.
-    let leaves = [
-        LeafInfo {
-            index: 0,
-            path: "b".into(),
-            shape: vec![5],
-        },
-        LeafInfo {
-            index: 1,
-            path: "w".into(),
-            shape: vec![5, 3],
-        },
-    ];
-    let got = lib()
-        .with_sigma_separable(one("w", 5, 3))
-        .unwrap()
-        .leaf_scales(&leaves)
-        .unwrap();
+    let leaf = |index: usize, path: &str, shape: &[i64]| LeafInfo {
+        index,
+        path: path.into(),
+        shape: shape.to_vec(),
+    };
+    let leaves = [leaf(0, "b", &[5]), leaf(1, "w", &[5, 3])];
+    // The scales of `leaves` with the separable σ of leaf `name` (p of `rows`, q of `cols`).
+    let scales = |name: &str, rows: usize, cols: usize| {
+        let es = lib().with_sigma_separable(one(name, rows, cols)).unwrap();
+        es.leaf_scales(&leaves)
+    };
     assert_eq!(
-        got,
+        scales("w", 5, 3).unwrap(),
         [
             LeafScale::Sigma(LeafSigma::Scalar(0.01)),
             LeafScale::Sigma(LeafSigma::Separable {
@@ -250,20 +244,12 @@ fn separable_sigma_must_fit_a_2d_leaf() {
             })
         ]
     );
-    let e = lib()
-        .with_sigma_separable(one("w", 3, 5))
-        .unwrap()
-        .leaf_scales(&leaves)
-        .unwrap_err();
+    let e = scales("w", 3, 5).unwrap_err();
     assert_eq!(
         e.message(),
         "sigma_separable: leaf \"w\" is (5, 3) but p has 3 entries and q 5"
     );
-    let e = lib()
-        .with_sigma_separable(one("b", 5, 1))
-        .unwrap()
-        .leaf_scales(&leaves)
-        .unwrap_err();
+    let e = scales("b", 5, 1).unwrap_err();
     assert_eq!(
         e.message(),
         "sigma_separable: leaf \"b\" has shape [5]; separable σ is for 2-D leaves"

@@ -4,7 +4,9 @@
 //! others show what each optimizer adds (its state arguments, results and update ops).
 
 use shardes_hlo::builder::{TensorType, Value};
-use shardes_hlo::es::{leaf_infos, EsError, EsSpec, LeafInfo, Model, ModelParams, Program};
+use shardes_hlo::es::{
+    leaf_infos, EsError, EsSpec, LeafInfo, Model, ModelParams, Program, ShardedES,
+};
 use shardes_hlo::nn::{self, Act};
 use shardes_hlo::params::{Array, ParamTree};
 
@@ -39,28 +41,29 @@ fn sgd() -> EsSpec {
     EsSpec::new(8, 0.05, 0.1)
 }
 
+/// The program `make` builds on [`Linear`] with the default optimizer (sgd), as text.
+fn sgd_text(make: impl FnOnce(&ShardedES, &[LeafInfo]) -> Result<Program, EsError>) -> String {
+    text(make(&sgd().build(2).unwrap(), &leaves()))
+}
+
 #[test]
 fn sgd_generation() {
-    let es = sgd().build(2).unwrap();
-    insta::assert_snapshot!(text(es.generation_program(&Linear, &leaves())));
+    insta::assert_snapshot!(sgd_text(|es, l| es.generation_program(&Linear, l)));
 }
 
 #[test]
 fn sgd_generation_multi() {
-    let es = sgd().build(2).unwrap();
-    insta::assert_snapshot!(text(es.generation_program_multi(&Linear, &leaves(), 3)));
+    insta::assert_snapshot!(sgd_text(|es, l| es.generation_program_multi(&Linear, l, 3)));
 }
 
 #[test]
 fn sgd_tell() {
-    let es = sgd().build(2).unwrap();
-    insta::assert_snapshot!(text(es.tell_program(&Linear, &leaves())));
+    insta::assert_snapshot!(sgd_text(|es, l| es.tell_program(&Linear, l)));
 }
 
 #[test]
 fn sgd_noop() {
-    let es = sgd().build(2).unwrap();
-    insta::assert_snapshot!(text(es.noop_program(&Linear, &leaves())));
+    insta::assert_snapshot!(sgd_text(|es, l| es.noop_program(&Linear, l)));
 }
 
 /// The signature and the update after `tell`'s contraction (the last manual computation)

@@ -125,8 +125,7 @@ fn the_key_separates_programs_options_and_device_counts() {
 #[test]
 fn a_damaged_entry_is_compiled_again_and_replaced() {
     let dir = tempfile::tempdir().unwrap();
-    let cache = CompileCache::new(dir.path());
-    let d = 2;
+    let (cache, d) = (CompileCache::new(dir.path()), 2);
     let (mlir, opts) = (common::sharded_program(d), CompileOptions::new(d));
     let client = common::client(d).with_compile_cache(Some(cache.clone()));
     let want = run_bits(&client, &client.compile(&mlir, &opts).unwrap());
@@ -159,9 +158,9 @@ fn a_damaged_entry_is_compiled_again_and_replaced() {
 #[test]
 fn threads_that_compile_one_program_at_once_all_get_it() {
     let dir = tempfile::tempdir().unwrap();
-    let cache = CompileCache::new(dir.path());
     let d = 2;
     let (mlir, opts) = (common::sharded_program(d), CompileOptions::new(d));
+    let cache = CompileCache::new(dir.path());
     let plain = common::client(d).with_compile_cache(None);
     let want = run_bits(&plain, &plain.compile(&mlir, &opts).unwrap());
     let got: Vec<_> = std::thread::scope(|s| {

@@ -15,6 +15,13 @@ fn not_a_plugin_message(path: &Path) -> String {
     err.to_string()
 }
 
+/// Checks that `msg` says each of `parts`.
+fn says(msg: &str, parts: &[&str]) {
+    for part in parts {
+        assert!(msg.contains(part), "{msg}");
+    }
+}
+
 /// The provisioned CPU plugin (discovery as everywhere else).
 fn real_plugin() -> PathBuf {
     plugin::locate(None).expect("a PJRT plugin (see shardes_runtime::plugin::locate)")
@@ -50,10 +57,11 @@ fn truncated_copy_of_the_real_plugin_is_refused_without_a_crash() {
         }
         other => panic!("expected PluginTruncated, got {other:?}"),
     }
-    let msg = err.to_string();
-    assert!(msg.contains(&so.display().to_string()), "{msg}");
-    assert!(msg.contains("is truncated (1048576 bytes"), "{msg}");
-    assert!(msg.contains("fix:"), "{msg}");
+    let path = so.display().to_string();
+    says(
+        &err.to_string(),
+        &[&path, "is truncated (1048576 bytes", "fix:"],
+    );
 }
 
 #[test]
@@ -62,8 +70,7 @@ fn text_file_is_not_an_elf_shared_object() {
     let p = dir.path().join("libnotes.so");
     std::fs::write(&p, "just some text, not a library\n".repeat(4000)).unwrap();
     let msg = not_a_plugin_message(&p);
-    assert!(msg.contains("is not an ELF shared object"), "{msg}");
-    assert!(msg.contains("libnotes.so"), "{msg}");
+    says(&msg, &["is not an ELF shared object", "libnotes.so"]);
 }
 
 #[test]
@@ -100,8 +107,7 @@ fn shared_library_without_the_entry_point_is_refused_before_loading() {
         return;
     };
     let msg = not_a_plugin_message(lib);
-    assert!(msg.contains("does not export GetPjrtApi"), "{msg}");
-    assert!(msg.contains("not a PJRT plugin"), "{msg}");
+    says(&msg, &["does not export GetPjrtApi", "not a PJRT plugin"]);
 }
 
 #[test]
@@ -122,14 +128,12 @@ fn damaged_cached_pinned_plugin_is_refused_with_the_fix() {
     copy_prefix(&real_plugin(), &cached, 1 << 20);
     let err = Plugin::load(&cached).unwrap_err();
     assert!(matches!(err, RuntimeError::PluginDamaged { .. }), "{err:?}");
-    let msg = err.to_string();
-    assert!(
-        msg.contains("is truncated (1048576 bytes, expected 259284552)"),
-        "{msg}"
-    );
-    assert!(
-        msg.contains("delete it and rerun to provision it again"),
-        "{msg}"
+    says(
+        &err.to_string(),
+        &[
+            "is truncated (1048576 bytes, expected 259284552)",
+            "delete it and rerun to provision it again",
+        ],
     );
     // Right size, wrong bytes (a sparse file of zeros): caught by the sha256.
     let f = std::fs::OpenOptions::new()
@@ -140,9 +144,7 @@ fn damaged_cached_pinned_plugin_is_refused_with_the_fix() {
     f.set_len(CPU.so_size.unwrap()).unwrap();
     drop(f);
     let err = Plugin::load(&cached).unwrap_err();
-    let msg = err.to_string();
-    assert!(msg.contains("its sha256 is"), "{msg}");
-    assert!(msg.contains(CPU.so_sha256), "{msg}");
+    says(&err.to_string(), &["its sha256 is", CPU.so_sha256]);
     // No stamp is written for a file that failed.
     let names: Vec<String> = std::fs::read_dir(cached.parent().unwrap())
         .unwrap()

@@ -152,6 +152,18 @@ fn signature(l: &Layout, out: impl FnOnce(&ProgramArgs<Value>) -> ProgramResults
     text[start..start + text[start..].find(" {\n").unwrap()].to_string()
 }
 
+/// The error `l.emit` gives for the results `out` makes of the declared arguments (on one
+/// device), as text.
+fn emit_error(
+    l: &Layout,
+    out: impl FnOnce(&ProgramArgs<Value>) -> ProgramResults<Value>,
+) -> String {
+    let m = Module::with_mesh("t", Mesh::pop(1).unwrap());
+    let f = m.func("main");
+    let args = l.declare(&f).unwrap();
+    l.emit(&f, out(&args)).unwrap_err().to_string()
+}
+
 #[test]
 fn declared_arguments_and_emitted_results_follow_the_layout() {
     let g = layout(ProgramKind::Generation, 1);
@@ -196,22 +208,14 @@ fn declared_arguments_and_emitted_results_follow_the_layout() {
 #[test]
 fn emitting_a_part_the_kind_lacks_is_refused() {
     let l = layout(ProgramKind::AskApply, 1);
-    let m = Module::with_mesh("t", Mesh::pop(1).unwrap());
-    let f = m.func("main");
-    let args = l.declare(&f).unwrap();
-    let e = l
-        .emit(
-            &f,
-            ProgramResults {
-                params: Vec::new(),
-                generation: Some(args.generation.clone()),
-                fitness: None,
-                opt_state: Vec::new(),
-            },
-        )
-        .unwrap_err();
+    let e = emit_error(&l, |args| ProgramResults {
+        params: Vec::new(),
+        generation: Some(args.generation.clone()),
+        fitness: None,
+        opt_state: Vec::new(),
+    });
     assert_eq!(
-        e.to_string(),
+        e,
         "the ask_apply program's generation results: got 1, its layout has 0 (the next \
          generation)"
     );
@@ -313,23 +317,14 @@ fn optimizer_state_is_declared_donated_and_emitted_replicated() {
     );
     assert!(sig.contains("tf.aliasing_output = 4 : i32}) -> ("), "{sig}");
     assert_eq!(sig.matches("tf.aliasing_output").count(), 5, "{sig}");
-    let m = Module::with_mesh("t", Mesh::pop(1).unwrap());
-    let f = m.func("main");
-    let args = t.declare(&f).unwrap();
-    let e = t
-        .emit(
-            &f,
-            ProgramResults {
-                params: args.params.clone(),
-                generation: Some(args.generation.clone()),
-                fitness: None,
-                opt_state: Vec::new(),
-            },
-        )
-        .unwrap_err();
+    let e = emit_error(&t, |args| ProgramResults {
+        params: args.params.clone(),
+        generation: Some(args.generation.clone()),
+        fitness: None,
+        opt_state: Vec::new(),
+    });
     assert!(
-        e.to_string()
-            .contains("optimizer state results: got 0, its layout has 2"),
+        e.contains("optimizer state results: got 0, its layout has 2"),
         "{e}"
     );
 }
@@ -452,10 +447,14 @@ fn stacks_are_declared_whole_and_views_and_restack_are_inverse() {
             opt_state: Vec::new(),
         }
     });
-    for arg in [
-        "%emb: tensor<4xf32>",
+    let stacks = [
         "%m.layers.stack.a: tensor<2x2x3xf32>",
         "%m.layers.stack.b: tensor<2x3xf32>",
+    ];
+    for arg in [
+        "%emb: tensor<4xf32>",
+        stacks[0],
+        stacks[1],
         "%norm: tensor<3xf32>",
     ] {
         assert!(sig.contains(arg), "{arg} in {sig}");
