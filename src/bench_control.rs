@@ -14,6 +14,7 @@
 //!   reference ([`reference_mjcf`]) runs the same episodes with the policy in plain Rust
 //!   on the same host threads, no device.
 
+use crate::population::Place;
 use std::time::Instant;
 
 use serde::Serialize;
@@ -215,7 +216,7 @@ pub fn mjcf(
     warmup: usize,
     rounds: usize,
 ) -> Result<MjcfReport, Error> {
-    let mut t = HostTrainer::new(client, es, control, params, key, 0)?;
+    let mut t = HostTrainer::placed(client, es, control, params, key, 0, Place::Alone)?;
     for _ in 0..warmup {
         t.step()?;
     }

@@ -93,15 +93,8 @@ impl DeviceState {
     ) -> Result<DeviceState, Error> {
         let leaves = params.leaves().into_iter().map(|(_, a)| Cow::Borrowed(a));
         let skeleton = skeleton_of(params)?;
-        Self::upload_leaves(
-            client,
-            devices,
-            layout,
-            (skeleton, leaves),
-            key,
-            batch,
-            generation,
-        )
+        let start = (key, batch, generation);
+        Self::upload_leaves(client, devices, layout, (skeleton, leaves), start)
     }
 
     /// [`DeviceState::upload`] consuming `params`: each leaf's host array is freed as soon
@@ -119,15 +112,8 @@ impl DeviceState {
     ) -> Result<DeviceState, Error> {
         let skeleton = skeleton_of(&params)?;
         let leaves = into_leaves(params).into_iter().map(Cow::Owned);
-        Self::upload_leaves(
-            client,
-            devices,
-            layout,
-            (skeleton, leaves),
-            key,
-            batch,
-            generation,
-        )
+        let start = (key, batch, generation);
+        Self::upload_leaves(client, devices, layout, (skeleton, leaves), start)
     }
 
     fn upload_leaves<'a>(
@@ -135,9 +121,7 @@ impl DeviceState {
         devices: usize,
         layout: Layout,
         (skeleton, leaves): (ParamTree, impl Iterator<Item = Cow<'a, Array>>),
-        key: Key,
-        batch: &[Array],
-        generation: u32,
+        (key, batch, generation): (Key, &[Array], u32),
     ) -> Result<DeviceState, Error> {
         if batch.len() != layout.batch.len() {
             return Err(Error::Invalid(format!(

@@ -43,16 +43,9 @@ fn spec(strategy: &str, how: How) -> EsSpec {
 fn one_process(spec: &EsSpec) -> (Vec<Vec<f32>>, ParamTree) {
     let client = Client::cpu(8).expect("8 devices");
     let es = spec.build(8).expect("es");
-    let mut t = Trainer::with_state(
-        &client,
-        &es,
-        &Mlp::PLAIN,
-        &mlp_params(1),
-        key(7).unwrap(),
-        &mlp_batch(2),
-        0,
-    )
-    .expect("trainer");
+    let (params, batch, k) = (mlp_params(1), mlp_batch(2), key(7).unwrap());
+    let mut t =
+        Trainer::with_state(&client, &es, &Mlp::PLAIN, &params, k, &batch, 0).expect("trainer");
     let fitness = (0..GENERATIONS).map(|_| t.step().expect("step")).collect();
     (fitness, t.params().expect("params"))
 }
@@ -63,17 +56,10 @@ fn processes(spec: &EsSpec, processes: usize, hosts: How) -> Vec<(Vec<Vec<f32>>,
         // The ES describes every process's devices (ShardedES is not Sync: one per thread).
         let es = spec.build(8).expect("es over every process's devices");
         let client = Client::cpu(8 / processes).expect("devices");
-        let mut t = SplitTrainer::placed(
-            &client,
-            &es,
-            &Mlp::PLAIN,
-            &mlp_params(1),
-            key(7).unwrap(),
-            &mlp_batch(2),
-            0,
-            Place::Group(&dist, hosts),
-        )
-        .expect("process trainer");
+        let (params, batch, k) = (mlp_params(1), mlp_batch(2), key(7).unwrap());
+        let place = Place::Group(&dist, hosts);
+        let mut t = SplitTrainer::placed(&client, &es, &Mlp::PLAIN, &params, k, &batch, 0, place)
+            .expect("process trainer");
         assert_eq!(t.members(), dist.members(64));
         let fitness = (0..GENERATIONS)
             .map(|_| t.step_in(&dist).expect("step"))

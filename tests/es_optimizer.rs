@@ -333,10 +333,7 @@ fn resuming_from_a_checkpoint_mid_run_is_bit_identical() {
         let (mid, mid_state) = run(&client, &es, &params, &batch, 0, None, 2);
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("out");
-        let mut rd = RunDir::prepare(&out, Mode::Fresh { force: false }, "hash")
-            .unwrap()
-            .commit()
-            .unwrap();
+        let mut rd = fresh(&out);
         let state = rd
             .write_checkpoint_with_optimizer(seed().data(), 2, &mid, &mid_state, None)
             .unwrap()
@@ -369,15 +366,20 @@ fn resuming_from_a_checkpoint_mid_run_is_bit_identical() {
     }
 }
 
+/// A fresh out directory at `out`, committed to a run.
+fn fresh(out: &std::path::Path) -> RunDir {
+    RunDir::prepare(out, Mode::Fresh { force: false }, "hash")
+        .unwrap()
+        .commit()
+        .unwrap()
+}
+
 #[test]
 fn a_checkpoint_without_state_has_no_optimizer_file_and_a_damaged_one_is_refused() {
     let (client, params, batch) = mlp_on_8_devices();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    let mut rd = RunDir::prepare(&out, Mode::Fresh { force: false }, "hash")
-        .unwrap()
-        .commit()
-        .unwrap();
+    let mut rd = fresh(&out);
     let sgd = rd
         .write_checkpoint_with_optimizer(seed().data(), 1, &params, &[], None)
         .unwrap()

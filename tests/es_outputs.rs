@@ -243,7 +243,7 @@ fn a_host_fitness_told_from_the_outputs_updates_as_split_mode_does() {
     let batch = vec![Array::new(vec![ROWS, IN], xs.as_f32().unwrap().to_vec()).unwrap()];
     for strategy in ["mirrored(lowrank(r=1))", "seed_regenerated"] {
         let e = es(strategy, 16, 8);
-        let mut runner = OutputsRunner::new(&client, &e, &Linear, &tree, k).unwrap();
+        let mut runner = OutputsRunner::with_state(&client, &e, &Linear, &tree, k, 0).unwrap();
         let mut split = SplitTrainer::new(&client, &e, &LinearLoss, &tree, k, &batch, 0).unwrap();
         for g in 0..3 {
             assert_eq!(runner.generation(), g);

@@ -10,6 +10,7 @@
 
 mod support;
 
+use shardes::population::Place;
 use std::path::PathBuf;
 
 use shardes::hlo::es::strategy::from_spec;
@@ -90,7 +91,8 @@ fn each_member_acts_with_its_own_perturbation_on_its_own_observations() {
         for devices in [1, 8] {
             let client = Client::cpu(devices).unwrap();
             let es = es(strategy, n, 0.3, 0.1, devices);
-            let runner = OutputsRunner::new(&client, &es, &step, &params, state_key).unwrap();
+            let runner =
+                OutputsRunner::with_state(&client, &es, &step, &params, state_key, 0).unwrap();
             let out = runner.outputs(std::slice::from_ref(&input)).unwrap();
             assert_eq!(out[0].dims, [n, e, 1]);
             got.push(out[0].as_f32().unwrap().to_vec());
@@ -118,7 +120,7 @@ fn each_member_acts_with_its_own_perturbation_on_its_own_observations() {
     // The plain step: every member the unperturbed policy.
     let client = Client::cpu(2).unwrap();
     let es = es("mirrored(lowrank(r=1))", n, 0.3, 0.1, 2);
-    let runner = OutputsRunner::new(&client, &es, &step, &params, state_key).unwrap();
+    let runner = OutputsRunner::with_state(&client, &es, &step, &params, state_key, 0).unwrap();
     let plain = runner
         .compile(
             &es.plain_outputs_program(&step, &leaf_infos(&params))
@@ -146,7 +148,8 @@ fn the_host_trainer_is_the_same_on_1_and_8_devices() {
     for devices in [1, 8] {
         let client = Client::cpu(devices).unwrap();
         let es = es("mirrored(lowrank(r=1))", 16, 0.1, 0.3, devices);
-        let mut t = HostTrainer::new(&client, &es, &control, &params, k, 0).unwrap();
+        let mut t =
+            HostTrainer::placed(&client, &es, &control, &params, k, 0, Place::Alone).unwrap();
         let f0 = t.step().unwrap();
         let f1 = t.step().unwrap();
         assert_eq!(t.generation(), 2);
@@ -180,7 +183,16 @@ fn the_host_trainer_is_the_same_on_1_and_8_devices() {
     )
     .unwrap()
     .with_shaping(Box::new(shardes::hlo::es::shaping::GroupRelative));
-    let mut t = HostTrainer::new(&client, &es, &per, &per.init(k).unwrap(), k, 0).unwrap();
+    let mut t = HostTrainer::placed(
+        &client,
+        &es,
+        &per,
+        &per.init(k).unwrap(),
+        k,
+        0,
+        Place::Alone,
+    )
+    .unwrap();
     assert_eq!(t.step().unwrap().len(), 16);
 }
 
@@ -198,7 +210,8 @@ fn stat_host_path_learns_cartpole_balance() {
     for strategy in ["mirrored(lowrank(r=1))", "mirrored(seed_regenerated)"] {
         let es = es(strategy, 64, 0.1, 0.3, 8)
             .with_shaping(Box::new(shardes::hlo::es::shaping::CenteredRanks));
-        let mut t = HostTrainer::new(&client, &es, &control, &params, k, 0).unwrap();
+        let mut t =
+            HostTrainer::placed(&client, &es, &control, &params, k, 0, Place::Alone).unwrap();
         let mut curve = Vec::new();
         for _ in 0..40 {
             let f = t.step().unwrap();

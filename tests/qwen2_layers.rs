@@ -21,6 +21,8 @@
 //! model, the noise and `tell`'s contraction are loops) and its dots not at all, and low
 //! rank never forms a member × m × k value in the looped program (emitted or optimized).
 
+mod support;
+
 use std::path::Path;
 
 use shardes::hf::load_checkpoint;
@@ -69,14 +71,9 @@ fn es(strategy: &str, devices: usize) -> ShardedES {
 
 /// Pseudo-random token ids below `vocab`, as the f32 arrays a batch is passed as.
 fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            ((s >> 33) % vocab as u64) as f32
-        })
+    support::lcg_ids(n, vocab, seed)
+        .into_iter()
+        .map(|x| x as f32)
         .collect()
 }
 

@@ -5,6 +5,8 @@
 //! Tolerances: logits ≤ 1e-4 absolute + 1e-4 relative (f32 program vs f64 host), loss ≤ 1e-4
 //! relative; greedy tokens exactly equal to the argmax of the full forward.
 
+mod support;
+
 use shardes::hlo::builder::{DType, Module, TensorType};
 use shardes::hlo::es::strategy::{from_spec, LowRank, Mirrored};
 use shardes::hlo::es::{leaf_infos, Model, ModelParams, ShardedES, Strategy, StrategySpec};
@@ -169,14 +171,9 @@ impl Host<'_> {
 
 /// Deterministic pseudo-random ids in `0..vocab` (a 64-bit LCG).
 fn ids(n: usize, vocab: usize, seed: u64) -> Vec<i32> {
-    let mut s = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            ((s >> 33) % vocab as u64) as i32
-        })
+    support::lcg_ids(n, vocab, seed)
+        .into_iter()
+        .map(|x| x as i32)
         .collect()
 }
 

@@ -39,6 +39,10 @@ PY
   awk '/^\/\*/{p=1} p{print} /\*\//{if(p) exit}' "$TMP/pjrt_c_api.h" \
     | sed -e 's#^/\* \{0,1\}##' -e 's#^=*\*/$##' -e 's#^#// #' -e 's# *$##'
   echo
+  # C names and unused items are the header's: the lints are off for this file alone.
+  # (written as rustfmt writes it, so that the file passes cargo fmt --check)
+  printf '%s\n' '#![allow(' '    non_upper_case_globals,' '    non_camel_case_types,' '    non_snake_case,' '    dead_code,' '    missing_docs,' '    clippy::all' ')]'
+  echo
   "$BINDGEN" "$TMP/pjrt_c_api.h" \
     --allowlist-item 'PJRT_.*' \
     --no-prepend-enum-name \

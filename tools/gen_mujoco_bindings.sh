@@ -50,6 +50,10 @@ FUNCTIONS='mj_loadXML|mj_makeData|mj_deleteModel|mj_deleteData|mj_resetData|mj_s
   awk '/^\/\/ Copyright/{p=1} p&&/^\/\//{print; next} p{exit}' "$TMP/include/mujoco/mujoco.h" \
     | sed -e 's# *$##'
   echo
+  # C names and unused items are the header's: the lints are off for this file alone.
+  # (written as rustfmt writes it, so that the file passes cargo fmt --check)
+  printf '%s\n' '#![allow(' '    non_upper_case_globals,' '    non_camel_case_types,' '    non_snake_case,' '    dead_code,' '    missing_docs,' '    unsafe_code,' '    clippy::all' ')]'
+  echo
   "$BINDGEN" "$TMP/include/mujoco/mujoco.h" \
     --allowlist-function "^($FUNCTIONS)\$" \
     --allowlist-type '^(mjModel|mjData|mjtObj|mjtJoint|mjtWarning|mjtNum)$' \

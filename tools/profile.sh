@@ -12,6 +12,11 @@
 # (`XLA_FLAGS=--xla_dump_to=DIR --xla_dump_hlo_as_text shardes hlo CONFIG --optimized`,
 # file `*.generation.cpu_after_optimizations.txt`).
 #
+# With PROFILE_BENCH=1 it profiles `shardes bench CONFIG --generations GENERATIONS` instead
+# (a decode bench: the ES decode's timed calls come first), sampling after PROFILE_WAIT
+# seconds (default 30: the load and the compile), e.g.
+#   PROFILE_BENCH=1 PROFILE_WAIT=40 tools/profile.sh benches/decode_smollm2.toml 20 50
+#
 # Addresses gdb cannot name are JIT code outside XLA's objects (oneDNN's GEMM kernels);
 # they are grouped per 64 KiB page. Needs perf (perf_event_paranoid ≤ 2), gdb and python3;
 # the build is `cargo build --release -p shardes-cli`.
@@ -31,14 +36,21 @@ work=$(mktemp -d)
 trap 'kill "$pid" 2>/dev/null || true; rm -rf "$work"' EXIT
 sed -e "s#^out *=.*#out = \"$work/run\"#" -e "s#^generations *=.*#generations = $gens#" "$cfg" >"$work/config.toml"
 
-"$bin" run "$work/config.toml" --force >"$work/run.log" 2>&1 &
-pid=$!
-# Sample only once the generations run: wait for the first progress line after the compile.
-for _ in $(seq 600); do
-  grep -q "^gen 1/" "$work/run.log" 2>/dev/null && break
+if [ "${PROFILE_BENCH:-0}" = 1 ]; then
+  "$bin" bench "$cfg" --generations "$gens" --warmup 0 --gemm-size 0 >"$work/run.log" 2>&1 &
+  pid=$!
+  sleep "${PROFILE_WAIT:-30}"
   kill -0 "$pid" 2>/dev/null || { cat "$work/run.log" >&2; exit 1; }
-  sleep 0.5
-done
+else
+  "$bin" run "$work/config.toml" --force >"$work/run.log" 2>&1 &
+  pid=$!
+  # Sample only once the generations run: wait for the first progress line after the compile.
+  for _ in $(seq 600); do
+    grep -q "^gen 1/" "$work/run.log" 2>/dev/null && break
+    kill -0 "$pid" 2>/dev/null || { cat "$work/run.log" >&2; exit 1; }
+    sleep 0.5
+  done
+fi
 perf record -p "$pid" -o "$work/perf.data" -- sleep "$secs" >/dev/null 2>&1
 kill -0 "$pid" 2>/dev/null || { echo "profile.sh: the run ended before sampling did; raise GENERATIONS" >&2; exit 1; }
 perf report -i "$work/perf.data" --no-children --sort sym -g none 2>/dev/null |

@@ -161,7 +161,8 @@ pub fn run_decode<D: Decoder + Clone>(
     .spec(input.decoder.clone())?
     .with_plain(PlainRows::Tiled);
     progress("compiling the ES decode", 0, 4);
-    let runner = OutputsRunner::new(input.client, input.es, &full, input.params, input.key)?;
+    let runner =
+        OutputsRunner::with_state(input.client, input.es, &full, input.params, input.key, 0)?;
     let es_full = Compiled::new(&runner, input.es, &full, input.params, true)?;
     progress("compiling the plain decode", 1, 4);
     let plain_full = Compiled::new(&runner, input.es, &full, input.params, false)?;

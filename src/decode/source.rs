@@ -41,6 +41,27 @@ pub struct LoadedQwen2 {
 }
 
 impl LoadedQwen2 {
+    /// Random parameters `params` of a qwen2 `config` drawn from `key`: no positions
+    /// limit, no EOS or pad ids, the layers unrolled.
+    pub fn random(
+        config: Qwen2Config,
+        params: ParamTree,
+        key: Key,
+        compute_dtype: DType,
+    ) -> LoadedQwen2 {
+        LoadedQwen2 {
+            config,
+            params,
+            key,
+            max_positions: None,
+            eos: Vec::new(),
+            pad: None,
+            compute_dtype,
+            family: "qwen2",
+            layers: Layers::Unrolled,
+        }
+    }
+
     /// The model as a decoder, bounded by the checkpoint's positions where it has them.
     pub fn decoder(&self, config: &DecodeConfig) -> Bounded<Qwen2> {
         let model = Qwen2::new(self.config.clone(), config.batch, config.prompt_len)
@@ -132,17 +153,7 @@ pub fn load_qwen2(
             let params = config
                 .init(key, 0.02)
                 .map_err(ProblemError::host("initialising random qwen2 parameters"))?;
-            Ok(LoadedQwen2 {
-                config,
-                params,
-                key,
-                max_positions: None,
-                eos: Vec::new(),
-                pad: None,
-                compute_dtype,
-                family: "qwen2",
-                layers: Layers::Unrolled,
-            })
+            Ok(LoadedQwen2::random(config, params, key, compute_dtype))
         }
     }
 }

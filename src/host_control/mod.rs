@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use shardes_hlo::params::ParamTree;
 use shardes_hlo::prng::Key;
-use shardes_hlo::problems::control::{policy, Fitness};
+use shardes_hlo::problems::control::{check_shape, policy, Fitness};
 use shardes_hlo::problems::ProblemError;
 
 pub use rollouts::{HostMlp, RolloutStats, Rollouts};
@@ -42,10 +42,6 @@ pub struct MjcfControl {
     fitness: Fitness,
 }
 
-fn bad(what: &'static str, value: usize, fix: &'static str) -> ProblemError {
-    ProblemError::BadDimension { what, value, fix }
-}
-
 impl MjcfControl {
     /// `episodes` episodes of at most `episode_length` steps per member on the model file
     /// `mjcf`, the policy's hidden sizes `hidden`, [`Fitness::Mean`]; the same checks as
@@ -56,23 +52,7 @@ impl MjcfControl {
         episode_length: usize,
         hidden: &[usize],
     ) -> Result<MjcfControl, ProblemError> {
-        if episodes == 0 {
-            return Err(bad("episodes", 0, "use at least 1 episode per member"));
-        }
-        if episode_length == 0 || i32::try_from(episode_length).is_err() {
-            return Err(bad(
-                "episode_length",
-                episode_length,
-                "use between 1 and 2^31 − 1 steps per episode",
-            ));
-        }
-        if let Some(&w) = hidden.iter().find(|&&w| w == 0) {
-            return Err(bad(
-                "hidden",
-                w,
-                "give every hidden layer at least 1 unit (an empty list is a linear policy)",
-            ));
-        }
+        check_shape(episodes, episode_length, hidden)?;
         Ok(MjcfControl {
             mjcf: mjcf.into(),
             episodes,
@@ -90,9 +70,7 @@ impl MjcfControl {
 
     /// The same problem with `episodes` episodes per member.
     pub fn with_episodes(mut self, episodes: usize) -> Result<MjcfControl, ProblemError> {
-        if episodes == 0 {
-            return Err(bad("episodes", 0, "use at least 1 episode per member"));
-        }
+        check_shape(episodes, self.episode_length, &self.hidden)?;
         self.episodes = episodes;
         Ok(self)
     }

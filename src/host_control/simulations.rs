@@ -67,23 +67,11 @@ pub type HostTrainer = Population<Simulations>;
 
 impl Population<Simulations> {
     /// Builds and compiles the policy step and the tell for `control` and the ES `es`,
-    /// uploads `params` and `key`, and prepares the `n × E` simulations; the reset states
-    /// are `control.reset_states(fold_in(key, 1))` (as [`crate::Problem::mjcf`]
-    /// documents). The state starts at `generation`.
-    pub fn new(
-        client: &Client,
-        es: &ShardedES,
-        control: &HostControl,
-        params: &ParamTree,
-        key: Key,
-        generation: u32,
-    ) -> Result<HostTrainer, Error> {
-        Self::placed(client, es, control, params, key, generation, Place::Alone)
-    }
-
-    /// The simulations of `control` placed by `place`: [`Population::<Simulations>::new`]
-    /// alone; in a group, this process's members' simulations and policy step on its
-    /// own devices, the update placed by `how_hosts` (`es` is the whole run's).
+    /// uploads `params` and `key`, and prepares this process's `members × E` simulations;
+    /// the reset states are `control.reset_states(fold_in(key, 1))` (as
+    /// [`crate::Problem::mjcf`] documents). The state starts at `generation`. Alone, the
+    /// whole population; in a group, this process's members' simulations and policy step
+    /// on its own devices, the update placed by `how_hosts` (`es` is the whole run's).
     pub fn placed(
         client: &Client,
         es: &ShardedES,

@@ -199,20 +199,9 @@ fn upload(core: &Core, layout: &Layout, inputs: &[HostArray]) -> Result<Vec<Vec<
 }
 
 impl Population<Outputs> {
-    /// Builds and compiles the outputs and tell programs of `model` and uploads the
-    /// state (`params` replicated) at generation 0.
-    pub fn new(
-        client: &Client,
-        es: &ShardedES,
-        model: &dyn MemberOutputs,
-        params: &ParamTree,
-        key: Key,
-    ) -> Result<Population<Outputs>, Error> {
-        Self::with_state(client, es, model, params, key, 0)
-    }
-
-    /// [`Population::<Outputs>::new`] from a saved state: `params` and the `generation` the
-    /// next [`Population::outputs`]/[`Population::tell`] pair runs (for resuming).
+    /// Builds and compiles the outputs and tell programs of `model` and uploads the state
+    /// (`params` replicated) at `generation` (0 to start; a checkpoint's to resume): the
+    /// next [`Population::outputs`]/[`Population::tell`] pair runs it.
     pub fn with_state(
         client: &Client,
         es: &ShardedES,

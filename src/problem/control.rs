@@ -13,29 +13,7 @@ impl Problem {
     /// and reset states are small, so they are built and described (nothing the problem
     /// would allocate is large enough to refuse).
     pub fn control_shapes(control: Control, seed: u64) -> Result<ProblemShapes, ProblemError> {
-        let p = Problem::control(control, seed)?;
-        let bytes = |n: usize| (n * std::mem::size_of::<f32>()) as u64;
-        let leaves = leaf_infos(&p.params);
-        let host_bytes = HostBytes {
-            params: bytes(p.params.num_params()),
-            largest_leaf: p
-                .params
-                .leaves()
-                .iter()
-                .map(|(_, a)| bytes(a.data().len()))
-                .max()
-                .unwrap_or(0),
-            batch: p.batch.iter().map(|a| bytes(a.data().len())).sum(),
-        };
-        Ok(ProblemShapes {
-            model: p.model,
-            leaves,
-            key: p.key,
-            summary: p.summary,
-            host_bytes,
-            memory_what: "the control policy".into(),
-            memory_lower: "hidden (or episodes)",
-        })
+        Ok(policy_shapes(Problem::control(control, seed)?))
     }
 
     /// The control problem `control` with `key = key(seed)`: the policy's parameters are
@@ -50,18 +28,12 @@ impl Problem {
         let reset = control
             .reset_states(fold_in(k, 1))
             .map_err(ProblemError::host("drawing the control reset states"))?;
-        let widths: Vec<String> = control.widths().iter().map(|w| w.to_string()).collect();
         let summary = format!(
-            "control {} ({} episodes × {} steps, tanh policy {}; fitness = −return{})",
+            "control {} ({} episodes × {} steps, {})",
             control.env(),
             control.episodes(),
             control.episode_length(),
-            widths.join("→"),
-            if control.episodes() > 1 && control.fitness() == Fitness::PerEpisode {
-                " per episode"
-            } else {
-                ", mean over episodes"
-            },
+            policy_words(&control.widths(), control.episodes(), control.fitness()),
         );
         Ok(Problem {
             model: Box::new(control),
@@ -70,5 +42,46 @@ impl Problem {
             key: k,
             summary,
         })
+    }
+}
+
+/// A control summary's policy and fitness: `tanh policy 4→16→1; fitness = −return, mean
+/// over episodes` (or `per episode`).
+pub(super) fn policy_words(widths: &[usize], episodes: usize, fitness: Fitness) -> String {
+    let widths: Vec<String> = widths.iter().map(|w| w.to_string()).collect();
+    format!(
+        "tanh policy {}; fitness = −return{}",
+        widths.join("→"),
+        if episodes > 1 && fitness == Fitness::PerEpisode {
+            " per episode"
+        } else {
+            ", mean over episodes"
+        }
+    )
+}
+
+/// A control problem `p` by shape: its policy's leaves and the host bytes of its
+/// parameters and batch (the reset states; none on the host-simulated problems).
+pub(super) fn policy_shapes(p: Problem) -> ProblemShapes {
+    let bytes = |n: usize| (n * std::mem::size_of::<f32>()) as u64;
+    let host_bytes = HostBytes {
+        params: bytes(p.params.num_params()),
+        largest_leaf: p
+            .params
+            .leaves()
+            .iter()
+            .map(|(_, a)| bytes(a.data().len()))
+            .max()
+            .unwrap_or(0),
+        batch: p.batch.iter().map(|a| bytes(a.data().len())).sum(),
+    };
+    ProblemShapes {
+        model: p.model,
+        leaves: leaf_infos(&p.params),
+        key: p.key,
+        summary: p.summary,
+        host_bytes,
+        memory_what: "the control policy".into(),
+        memory_lower: "hidden (or episodes)",
     }
 }

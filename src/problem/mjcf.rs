@@ -4,13 +4,10 @@
 
 use shardes_hlo::prng::fold_in;
 use shardes_hlo::problems::control::host::PolicyStep;
-use shardes_hlo::problems::control::Fitness;
-
-use shardes_hlo::es::leaf_infos;
 
 use crate::host_control::HostControl;
 
-use super::{run_key, HostBytes, Problem, ProblemError, ProblemShapes, Setting};
+use super::{run_key, Problem, ProblemError, ProblemShapes, Setting};
 
 impl Problem {
     /// [`Problem::mjcf`] by shape, for `hlo`, `check` and `diag` (a policy is small, so it
@@ -20,28 +17,9 @@ impl Problem {
         n: usize,
         seed: u64,
     ) -> Result<ProblemShapes, ProblemError> {
-        let p = Problem::mjcf(control, n, seed)?;
-        let bytes = |k: usize| (k * std::mem::size_of::<f32>()) as u64;
-        let host_bytes = HostBytes {
-            params: bytes(p.params.num_params()),
-            largest_leaf: p
-                .params
-                .leaves()
-                .iter()
-                .map(|(_, a)| bytes(a.data().len()))
-                .max()
-                .unwrap_or(0),
-            batch: 0,
-        };
-        Ok(ProblemShapes {
-            model: p.model,
-            leaves: leaf_infos(&p.params),
-            key: p.key,
-            summary: p.summary,
-            host_bytes,
-            memory_what: "the control policy".into(),
-            memory_lower: "hidden (or episodes)",
-        })
+        Ok(super::control::policy_shapes(Problem::mjcf(
+            control, n, seed,
+        )?))
     }
 
     /// The control problem `control` on its loaded MJCF model for `n` members, with `key =
@@ -72,19 +50,12 @@ impl Problem {
                 "check n and episodes",
             )
         })?;
-        let widths: Vec<String> = control.widths().iter().map(|w| w.to_string()).collect();
         let summary = format!(
-            "control {} (MuJoCo, {} episodes × ≤ {} steps on host threads, tanh policy {}; \
-             fitness = −return{})",
+            "control {} (MuJoCo, {} episodes × ≤ {} steps on host threads, {})",
             env.path().display(),
             spec.episodes(),
             spec.episode_length(),
-            widths.join("→"),
-            if spec.episodes() > 1 && spec.fitness() == Fitness::PerEpisode {
-                " per episode"
-            } else {
-                ", mean over episodes"
-            },
+            super::control::policy_words(&control.widths(), spec.episodes(), spec.fitness()),
         );
         Ok(Problem {
             model: Box::new(step),

@@ -96,6 +96,19 @@ pub fn rel_norm_diff(a: &[f32], b: &[f32]) -> f64 {
     (num / den).sqrt()
 }
 
+/// Deterministic pseudo-random ids in `0..vocab` (a 64-bit LCG): `n` of them from `seed`.
+pub fn lcg_ids(n: usize, vocab: usize, seed: u64) -> Vec<u64> {
+    let mut s = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (s >> 33) % vocab as u64
+        })
+        .collect()
+}
+
 /// The largest [`rel_norm_diff`] over two trees' leaves, in leaf order.
 pub fn worst_leaf_diff(
     a: &shardes::hlo::params::ParamTree,

@@ -70,15 +70,6 @@
 
 mod data;
 mod error;
-#[allow(
-    non_upper_case_globals,
-    non_camel_case_types,
-    non_snake_case,
-    dead_code,
-    missing_docs,
-    unsafe_code,
-    clippy::all
-)]
 mod ffi;
 mod library;
 mod model;

@@ -61,14 +61,6 @@ mod client;
 mod dtype;
 mod error;
 mod executable;
-#[allow(
-    non_upper_case_globals,
-    non_camel_case_types,
-    non_snake_case,
-    dead_code,
-    missing_docs,
-    clippy::all
-)]
 mod ffi;
 mod handle;
 mod hlo;

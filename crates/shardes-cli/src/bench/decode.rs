@@ -159,15 +159,8 @@ fn model(d: &DecodeSection) -> Result<LoadedQwen2> {
                 config_error(format!("decode.model: {e}"), "fix the dimension it names")
             })?;
             Ok(LoadedQwen2 {
-                config,
-                params,
-                key,
-                max_positions: None,
-                eos: Vec::new(),
-                pad: None,
-                compute_dtype: dtype,
-                family: "qwen2",
                 layers,
+                ..LoadedQwen2::random(config, params, key, dtype)
             })
         }
         _ => Err(config_error(

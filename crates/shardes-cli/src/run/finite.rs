@@ -186,8 +186,17 @@ fn cause(es: Settings, generation: u32, params_only: bool) -> (String, &'static 
     )
 }
 
+/// What a diverged run leaves behind: its last checkpoint's generation (none before the
+/// first) and its out directory.
+pub struct Kept<'a> {
+    /// The generation of the last checkpoint written.
+    pub checkpoint: Option<u32>,
+    /// The out directory.
+    pub dir: &'a std::path::Path,
+}
+
 /// Where the last finite checkpoint is, for the hint.
-fn kept(checkpoint: Option<u32>, dir: &std::path::Path) -> String {
+fn kept(Kept { checkpoint, dir }: Kept<'_>) -> String {
     match checkpoint {
         Some(g) => format!(
             "the last finite checkpoint (generation {g}) is kept in {}",
@@ -201,13 +210,7 @@ fn kept(checkpoint: Option<u32>, dir: &std::path::Path) -> String {
 }
 
 /// The failure (exit 1) of a generation whose fitness is not finite.
-pub fn diverged_fitness(
-    es: Settings,
-    generation: u32,
-    bad: &NonFinite,
-    checkpoint: Option<u32>,
-    dir: &std::path::Path,
-) -> Failure {
+pub fn diverged_fitness(es: Settings, generation: u32, bad: &NonFinite, at: Kept) -> Failure {
     let (cause, fix) = cause(es, generation, false);
     Failure::new(
         format!(
@@ -217,20 +220,14 @@ pub fn diverged_fitness(
         ),
         format!(
             "{fix}; {} (metrics.jsonl records generation {generation} as NaN)",
-            kept(checkpoint, dir)
+            kept(at)
         ),
     )
 }
 
 /// The failure (exit 1) of a checkpoint refused because the parameters are not finite,
 /// although the fitness of the generation that produced them was.
-pub fn diverged_params(
-    es: Settings,
-    generation: u32,
-    bad: &NonFinite,
-    checkpoint: Option<u32>,
-    dir: &std::path::Path,
-) -> Failure {
+pub fn diverged_params(es: Settings, generation: u32, bad: &NonFinite, at: Kept) -> Failure {
     // `generation` runs next: the update of the one before produced these parameters.
     let last = generation.saturating_sub(1);
     let (cause, fix) = cause(es, last, true);
@@ -241,7 +238,7 @@ pub fn diverged_params(
             bad.place,
             bad.counts()
         ),
-        format!("{fix}; {}", kept(checkpoint, dir)),
+        format!("{fix}; {}", kept(at)),
     )
 }
 

@@ -216,9 +216,16 @@ fn checkpoint(
     let g = trainer.generation();
     if let Some(bad) = finite::params(&params) {
         let last = rundir.committed().map(|s| s.generation);
-        return Err(
-            finite::diverged_params((&config.es).into(), g, &bad, last, rundir.path()).into(),
-        );
+        return Err(finite::diverged_params(
+            (&config.es).into(),
+            g,
+            &bad,
+            finite::Kept {
+                checkpoint: last,
+                dir: rundir.path(),
+            },
+        )
+        .into());
     }
     let optimizer = trainer
         .optimizer_state()
@@ -468,7 +475,11 @@ fn run_in(group: &mut Group, args: &RunArgs) -> Result<Outcome> {
         if let Some(bad) = finite::fitness(&fitness) {
             progress.finish();
             let last = rundir.committed().map(|s| s.generation);
-            return Err(finite::diverged_fitness((&config.es).into(), g, &bad, last, &dir).into());
+            let at = finite::Kept {
+                checkpoint: last,
+                dir: &dir,
+            };
+            return Err(finite::diverged_fitness((&config.es).into(), g, &bad, at).into());
         }
         if done < total {
             if let Err(e) = group.check(&trainer, done, every, false) {

@@ -383,14 +383,11 @@ pub fn follow(
         let (fitness, _) = engine::step(&mut engine, group.dist()?)
             .with_context(|| format!("running generation {g}"))?;
         if let Some(bad) = finite::fitness(&fitness) {
-            return Err(finite::diverged_fitness(
-                (&config.es).into(),
-                g,
-                &bad,
-                None,
-                &config.run.out,
-            )
-            .into());
+            let at = finite::Kept {
+                checkpoint: None,
+                dir: &config.run.out,
+            };
+            return Err(finite::diverged_fitness((&config.es).into(), g, &bad, at).into());
         }
         let done = g + 1;
         if done < total {

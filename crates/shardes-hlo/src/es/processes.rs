@@ -123,6 +123,20 @@ impl ShardedES {
         Ok(self.devices / part.processes)
     }
 
+    /// The checks every program of one process makes (its leaves, `model`'s tasks, the
+    /// part's devices), and its devices and member chunk.
+    fn part_setup(
+        &self,
+        model: &dyn Model,
+        leaves: &[LeafInfo],
+        part: Part,
+    ) -> Result<(usize, usize), EsError> {
+        check_leaves(leaves)?;
+        self.check_tasks(model.tasks())?;
+        let devices = self.local_devices(part)?;
+        Ok((devices, self.member_chunk_for(model)?))
+    }
+
     /// Process `part`'s `ask + apply`: the layout of [`ShardedES::ask_apply_program`] with
     /// `n / P` members, the fitness of the global members [`Part::members`] in order, on
     /// this process's devices. One process's program is `ask_apply_program`'s.
@@ -132,10 +146,7 @@ impl ShardedES {
         leaves: &[LeafInfo],
         part: Part,
     ) -> Result<Program, EsError> {
-        check_leaves(leaves)?;
-        self.check_tasks(model.tasks())?;
-        let devices = self.local_devices(part)?;
-        let chunk = self.member_chunk_for(model)?;
+        let (devices, chunk) = self.part_setup(model, leaves, part)?;
         let members = part.members(self.n);
         let layout = Layout::new(
             ProgramKind::AskApply,
@@ -168,10 +179,7 @@ impl ShardedES {
         leaves: &[LeafInfo],
         part: Part,
     ) -> Result<Program, EsError> {
-        check_leaves(leaves)?;
-        self.check_tasks(model.tasks())?;
-        let devices = self.local_devices(part)?;
-        let chunk = self.member_chunk_for(model)?;
+        let (devices, chunk) = self.part_setup(model, leaves, part)?;
         let layout = Layout::new(
             ProgramKind::Tell,
             leaves.to_vec(),
@@ -223,10 +231,7 @@ impl ShardedES {
         leaves: &[LeafInfo],
         part: Part,
     ) -> Result<Program, EsError> {
-        check_leaves(leaves)?;
-        self.check_tasks(model.tasks())?;
-        let devices = self.local_devices(part)?;
-        let chunk = self.member_chunk_for(model)?;
+        let (devices, chunk) = self.part_setup(model, leaves, part)?;
         let members = part.members(self.n);
         let active = self.active_leaves(leaves)?;
         let layout = Layout::new(

@@ -285,6 +285,34 @@ fn bad(what: &'static str, value: usize, fix: &'static str) -> ProblemError {
     ProblemError::BadDimension { what, value, fix }
 }
 
+/// Refuses what no control problem can run: no episodes, an episode length of 0 or past
+/// an `i32`, a hidden layer of 0 units (the checks of [`Control::new`], shared with the
+/// host-simulated problems).
+pub fn check_shape(
+    episodes: usize,
+    episode_length: usize,
+    hidden: &[usize],
+) -> Result<(), ProblemError> {
+    if episodes == 0 {
+        return Err(bad("episodes", 0, "use at least 1 episode per member"));
+    }
+    if episode_length == 0 || i32::try_from(episode_length).is_err() {
+        return Err(bad(
+            "episode_length",
+            episode_length,
+            "use between 1 and 2^31 − 1 steps per episode",
+        ));
+    }
+    if let Some(&w) = hidden.iter().find(|&&w| w == 0) {
+        return Err(bad(
+            "hidden",
+            w,
+            "give every hidden layer at least 1 unit (an empty list is a linear policy)",
+        ));
+    }
+    Ok(())
+}
+
 impl Control {
     /// A control problem of `episodes` episodes of `episode_length` steps per member, the
     /// policy's hidden layers `hidden` (empty: a linear policy under its tanh), with
@@ -295,23 +323,7 @@ impl Control {
         episode_length: usize,
         hidden: &[usize],
     ) -> Result<Control, ProblemError> {
-        if episodes == 0 {
-            return Err(bad("episodes", 0, "use at least 1 episode per member"));
-        }
-        if episode_length == 0 || i32::try_from(episode_length).is_err() {
-            return Err(bad(
-                "episode_length",
-                episode_length,
-                "use between 1 and 2^31 − 1 steps per episode",
-            ));
-        }
-        if let Some(&w) = hidden.iter().find(|&&w| w == 0) {
-            return Err(bad(
-                "hidden",
-                w,
-                "give every hidden layer at least 1 unit (an empty list is a linear policy)",
-            ));
-        }
+        check_shape(episodes, episode_length, hidden)?;
         Ok(Control {
             env,
             episodes,
