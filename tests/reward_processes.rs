@@ -6,7 +6,7 @@
 //! Exact: member ids, sampling keys and the member chunk are those of 8 devices, and with
 //! `how = B` inside the processes the update adds the devices' sums in one process's order,
 //! so every generation's report (fitness, rewards, counts) and the final parameters are the
-//! bits of one process, on every process. The MPI tier (`cli_mpi`) runs the same from the
+//! bits of one process, on every process. The MPI tier (`cli_mpi_tasks`) runs the same from the
 //! command line.
 
 use shardes::decode::DecodeConfig;
