@@ -270,3 +270,25 @@ fn a_reward_loop_scores_its_own_members_and_gathers_them() {
         );
     }
 }
+
+/// A population built for one process alone, stepped as one process of a group, is refused
+/// before anything runs — the fused program too, which never reaches a tell.
+#[test]
+fn a_one_process_population_stepped_in_a_group_is_refused() {
+    let errors = threads::run(2, |dist| {
+        let client = Client::cpu(4).expect("4 devices");
+        let es = spec("lowrank(r=1)", How::B).build(4).expect("es");
+        let (params, batch, k) = (mlp_params(1), mlp_batch(2), key(7).unwrap());
+        let mut t =
+            Trainer::with_state(&client, &es, &Mlp::PLAIN, &params, k, &batch, 0).expect("trainer");
+        let e = t.step_in(&dist).unwrap_err().to_string();
+        (e, t.generation())
+    });
+    for (rank, (e, generation)) in errors.iter().enumerate() {
+        assert!(
+            e.contains(&format!("but was told as process {rank} of 2")),
+            "{e}"
+        );
+        assert_eq!(*generation, 0, "process {rank} ran a generation");
+    }
+}

@@ -233,7 +233,7 @@ impl Core {
     }
 
     /// Refuses a group other than the one this population was built for.
-    fn check_group(&self, dist: &Distributed) -> Result<(), Error> {
+    pub(crate) fn check_group(&self, dist: &Distributed) -> Result<(), Error> {
         let part = self.part();
         if dist.part() != part {
             return Err(PopulationError::WrongGroup {

@@ -264,6 +264,9 @@ impl<E: Evaluator> Population<E> {
     /// evaluated, the fitness gathered, the update placed. Returns every member's fitness
     /// in global order (the same on every process).
     pub fn step_in(&mut self, dist: &Distributed) -> Result<Vec<f32>, Error> {
+        // Before anything runs: an evaluator whose program applies the update (Told) never
+        // reaches the tell's own check.
+        self.core.check_group(dist)?;
         let t0 = std::time::Instant::now();
         self.core.phases = Phases::default();
         let fitness = self.evaluator.evaluate(&mut self.core, dist)?;
