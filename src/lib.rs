@@ -54,6 +54,7 @@ pub mod pretrained;
 pub mod problem;
 pub mod process;
 pub mod rundir;
+pub mod session;
 mod state;
 pub mod tasks;
 pub mod tensorboard;

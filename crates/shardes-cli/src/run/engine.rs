@@ -61,14 +61,3 @@ pub(crate) fn resume_optimizer(engine: &mut Engine, tensors: &[(String, Array)])
         .into()
     })
 }
-
-/// One generation of `engine` (with every process of `dist` together): the fitness, and
-/// the evaluator's scalars for the metrics line. A prompt longer than the compiled slots
-/// is the config error naming the key.
-pub(crate) fn step(
-    engine: &mut Engine,
-    dist: &shardes::distributed::Distributed,
-) -> Result<(Vec<f32>, std::collections::BTreeMap<String, f64>)> {
-    let fitness = engine.step_in(dist).map_err(reward::too_long)?;
-    Ok((fitness, engine.metrics()))
-}

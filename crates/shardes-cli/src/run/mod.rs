@@ -10,32 +10,28 @@
 //!    `commit` (which moves the old run aside or truncates the metrics to the checkpoint),
 //!    write `config.toml` and run.
 //!
-//! While running:
+//! The generations themselves are a [`shardes::session::Session`]: metrics lines,
+//! held-out evaluations, checkpoints, the divergence checks, the stop at a signal and the
+//! summary's numbers are the library's, the same for every evaluator. This command adds
+//! what the user sees:
 //! - output errors never stop training: a closed or full stdout stops the progress lines
 //!   (with a note on stderr) and the run goes on to its checkpoint and normal exit code;
 //! - SIGINT, SIGTERM and SIGHUP finish the generation, checkpoint and exit 128 + the signal
-//!   ([`signals`]);
+//!   ([`signals`] installs the handlers);
 //! - every checkpoint redraws `OUT/curves.svg` and, with `run.tensorboard`, writes the
 //!   generations since the last one to the event file under `OUT/tb/` ([`curves`]);
-//! - a non-finite fitness stops the run (exit 1) after writing its metrics line, and a
-//!   checkpoint whose parameters are not finite is refused the same way, so the last
-//!   checkpoint on disk stays a finite one ([`finite`]).
-//!
-//! The trainer folds the generation into the key on the device, so a run resumed from a
-//! checkpoint at generation g computes exactly what an uninterrupted run computes from g on.
-//!
+//! - a divergence (a non-finite fitness, or parameters refused at a checkpoint) exits 1.
+
 //! Under `mpirun` (feature `mpi`) every process runs this command; process 0 does all of
 //! the above and the others follow it ([`processes`]).
 
 mod curves;
 pub(crate) mod engine;
-mod finite;
 mod lines;
 pub(crate) mod processes;
 pub(crate) mod reward;
 mod signals;
 mod start;
-mod summary;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -43,11 +39,9 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use shardes::hlo::prng::Key;
 use shardes::population::Place;
-use shardes::rundir::{read_metrics, Metric, Mode, RunDir};
-
-use engine::Engine;
+use shardes::rundir::{Metric, Mode, RunDir};
+use shardes::session::{check_inputs, finite, fmt_duration, Observer, Plan, Record, Session};
 
 use crate::config::{Config, ConfigError, ProblemConfig};
 use crate::out::{errln, is_closed, outln, Stdout};
@@ -56,9 +50,7 @@ use lines::Lines;
 
 use curves::Curves;
 use processes::Group;
-pub use signals::Signal;
-use start::{refusal, rundir_error};
-use summary::{fmt_duration, stats, Summary};
+use start::{refusal, rundir_error, session_error};
 
 /// Arguments of `shardes run`.
 #[derive(Debug, Clone, clap::Args)]
@@ -77,25 +69,7 @@ pub struct RunArgs {
     pub plugin: Option<String>,
 }
 
-/// How a run ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    /// Every generation ran; the final checkpoint is written.
-    Finished,
-    /// A stop signal: the current generation finished and a checkpoint was written (or, when
-    /// it came before the first generation, nothing was changed).
-    Interrupted(Signal),
-}
-
-impl Outcome {
-    /// The process's exit code: 0, or 128 + the signal.
-    pub fn exit_code(self) -> u8 {
-        match self {
-            Outcome::Finished => 0,
-            Outcome::Interrupted(s) => s.exit_code(),
-        }
-    }
-}
+pub use shardes::session::Outcome;
 
 /// Progress: a bar on a terminal, one line per generation otherwise.
 struct Progress {
@@ -200,42 +174,6 @@ impl Progress {
     }
 }
 
-/// Copies the parameters (and the optimizer's state) to the host and writes them as the
-/// checkpoint of the generation the trainer runs next, unless the parameters are not finite
-/// (then the run has diverged: no checkpoint, a failure naming the cause).
-fn checkpoint(
-    rundir: &mut RunDir,
-    trainer: &Engine,
-    key: Key,
-    config: &Config,
-    inputs: &serde_json::Value,
-) -> Result<()> {
-    let params = trainer
-        .params()
-        .context("copying the parameters to the host")?;
-    let g = trainer.generation();
-    if let Some(bad) = finite::params(&params) {
-        let last = rundir.committed().map(|s| s.generation);
-        return Err(finite::diverged_params(
-            (&config.es).into(),
-            g,
-            &bad,
-            finite::Kept {
-                checkpoint: last,
-                dir: rundir.path(),
-            },
-        )
-        .into());
-    }
-    let optimizer = trainer
-        .optimizer_state()
-        .context("copying the optimizer state to the host")?;
-    rundir
-        .write_checkpoint_taking(key.data(), g, params, &optimizer, Some(inputs.clone()))
-        .map_err(rundir_error)?;
-    Ok(())
-}
-
 /// Runs `shardes run`.
 ///
 /// Under `mpirun`, after a stop signal, every process exits here (with the signal's exit
@@ -309,14 +247,14 @@ fn run_in(group: &mut Group, args: &RunArgs) -> Result<Outcome> {
                 )
                 .into());
             }
-            check_inputs(ckpt.state().extra.as_ref(), &inputs)?;
+            check_inputs(ckpt.state().extra.as_ref(), &inputs).map_err(session_error)?;
             s.problem.params = ckpt.params(&s.problem.params).map_err(rundir_error)?;
             resumed_optimizer = Some(ckpt.optimizer_state().map_err(rundir_error)?);
             ckpt.state().generation
         }
         None => 0,
     };
-    finite::check_start(&s.problem.params, &s.problem.batch, args.resume)?;
+    finite::check_start(&s.problem.params, &s.problem.batch, args.resume).map_err(session_error)?;
     // Moved, not cloned: a copy would hold the model's size twice on the host.
     let params = std::mem::replace(&mut s.problem.params, empty_tree());
     let (start, params) = group.share_start(start, params)?;
@@ -399,7 +337,7 @@ fn run_in(group: &mut Group, args: &RunArgs) -> Result<Outcome> {
     }
 
     // Phase two: from here on the directory is this run's.
-    let mut rundir = prep.commit().map_err(rundir_error)?;
+    let rundir = prep.commit().map_err(rundir_error)?;
     if let (Some(prev), Some(old)) = (&rundir.report().moved_aside, replaced) {
         let held = match old {
             Some(g) => format!("a checkpoint at generation {g}"),
@@ -425,110 +363,26 @@ fn run_in(group: &mut Group, args: &RunArgs) -> Result<Outcome> {
     }
     rundir.write_config(&resolved).map_err(rundir_error)?;
     trainer.attach(&dir, start)?;
-    let mut metrics = rundir.metrics_writer().map_err(rundir_error)?;
-    let mut summary = Summary::default();
-    if start > 0 {
-        let earlier = read_metrics(metrics.path()).map_err(rundir_error)?;
-        for (m, _) in &earlier.records {
-            summary.record(m, false);
-        }
-    }
-
-    let mut curves = Curves::new(&dir, config.run.tensorboard);
-    let mut progress = Progress::new(out, total, start, group.size() == 1)?;
-    let every = config.run.checkpoint_every;
-    let key = s.problem.key;
-    let t_run = Instant::now();
-    let mut outcome = Outcome::Finished;
-    if start == 0 {
-        if let Some(line) = held_out(&mut trainer, 0, false)? {
-            progress.line(&line);
-        }
-    }
-    for g in start..total {
-        if let Some(sig) = group.stop(&stop)? {
-            outcome = Outcome::Interrupted(sig);
-            break;
-        }
-        let t0 = Instant::now();
-        let (fitness, scalars) = engine::step(&mut trainer, group.dist()?)
-            .with_context(|| format!("running generation {g}"))?;
-        let ms = t0.elapsed().as_secs_f64() * 1e3;
-        let (mean, lo, hi) = stats(&fitness);
-        let mut extra = extra_scalars(&config, mean);
-        extra.extend(scalars);
-        let m = Metric {
-            generation: g,
-            fitness_mean: mean,
-            fitness_min: lo,
-            fitness_max: hi,
-            ms,
-            extra,
-        };
-        // Written before the divergence check: the user sees the NaN generation.
-        metrics.append(&m).map_err(rundir_error)?;
-        summary.record(&m, true);
-        curves.record(&m);
-        let done = g + 1;
-        let avg_ms = t_run.elapsed().as_secs_f64() * 1e3 / f64::from(done - start);
-        progress.generation(&m, done, total, avg_ms * f64::from(total - done) / 1e3);
-        if let Some(bad) = finite::fitness(&fitness) {
-            progress.finish();
-            let last = rundir.committed().map(|s| s.generation);
-            let at = finite::Kept {
-                checkpoint: last,
-                dir: &dir,
-            };
-            return Err(finite::diverged_fitness((&config.es).into(), g, &bad, at).into());
-        }
-        if done < total {
-            if let Err(e) = group.check(&trainer, done, every, false) {
-                progress.finish();
-                return Err(e);
-            }
-        }
-        // Before the checkpoint: a kill between the two leaves an evaluation that the
-        // resume (from the previous checkpoint) drops and writes again.
-        if let Some(line) = held_out(&mut trainer, done, false)? {
-            progress.line(&line);
-        }
-        if every > 0 && (done as usize).is_multiple_of(every) && done < total {
-            if let Err(e) = checkpoint(&mut rundir, &trainer, key, &config, &inputs) {
-                progress.finish();
-                return Err(e);
-            }
-            curves.checkpoint();
-        }
-    }
-    if outcome == Outcome::Finished {
-        if let Some(sig) = group.stop(&stop)? {
-            outcome = Outcome::Interrupted(sig);
-        }
-    }
-    let g = trainer.generation();
-    group.check(&trainer, g, every, true)?;
-    // The end of the run (not of an interrupted part of it) is evaluated too.
-    if outcome == Outcome::Finished && g > start {
-        match held_out(&mut trainer, g, true) {
-            Ok(Some(line)) => progress.line(&line),
-            Ok(None) => {}
-            Err(e) => {
-                progress.finish();
-                return Err(e);
-            }
-        }
-    }
-    let result = if rundir.committed().map(|s| s.generation) == Some(g) {
-        Ok(())
-    } else {
-        checkpoint(&mut rundir, &trainer, key, &config, &inputs)
+    let record = Record::new(rundir, s.problem.key, inputs).map_err(rundir_error)?;
+    let mut session = Session::new(trainer, group.dist()?, Some(record), plan(&config, total))
+        .map_err(session_error)?;
+    let mut shown = Shown {
+        curves: Curves::new(&dir, config.run.tensorboard),
+        progress: Progress::new(out, total, start, group.size() == 1)?,
     };
+    let ending = session.run(&mut || stop.received(), &mut shown);
+    let ending = ending.map_err(session_error)?;
+    let result = session.finish().map_err(session_error);
+    let Shown {
+        mut progress,
+        mut curves,
+    } = shown;
+    let (outcome, g, loop_secs) = (ending.outcome, ending.generation, ending.loop_secs);
     if outcome != Outcome::Finished {
         progress.out.stopping();
     }
     progress.finish();
     result?;
-    let loop_secs = t_run.elapsed().as_secs_f64();
     // A run stopped before its first generation has nothing to draw.
     if g > start {
         curves.checkpoint();
@@ -559,69 +413,62 @@ fn run_in(group: &mut Group, args: &RunArgs) -> Result<Outcome> {
             }
         }
     }
-    for line in summary.lines(loop_secs, t_command.elapsed().as_secs_f64(), Some(g), &dir) {
+    let total_secs = t_command.elapsed().as_secs_f64();
+    for line in session
+        .summary()
+        .lines(loop_secs, total_secs, Some(g), &dir)
+    {
         outln!(out, "{line}");
     }
     if let Some(line) = curves.summary_line() {
         outln!(out, "{line}");
     }
     progress.tell(g);
+    drop(session);
     group.end(outcome == Outcome::Finished);
     Ok(outcome)
 }
 
-/// Scalars a problem reports beside the fitness: a control task's fitness is the negated
-/// mean return, so its `return` (higher is better) is logged and shown too.
-/// The held-out evaluation due after `done` generations, if any: its line.
-fn held_out(trainer: &mut Engine, done: u32, last: bool) -> Result<Option<String>> {
-    trainer
-        .held_out(done, last)
-        .with_context(|| format!("evaluating at generation {done}"))
+/// What `config` asks of a session: its length, checkpoints, divergence advice, out
+/// directory and extra scalars (a control task's fitness is the negated mean return, so
+/// its `return`, higher is better, is logged and shown too).
+pub(crate) fn plan(config: &Config, total: u32) -> Plan {
+    Plan {
+        total,
+        checkpoint_every: config.run.checkpoint_every,
+        es: finite::Settings {
+            n: config.es.n,
+            sigma: config.es.sigma,
+            lr: config.es.lr,
+        },
+        dir: config.run.out.clone(),
+        negated_return: matches!(config.problem, ProblemConfig::Control { .. }),
+    }
 }
 
-fn extra_scalars(config: &Config, fitness_mean: f64) -> std::collections::BTreeMap<String, f64> {
-    let mut extra = std::collections::BTreeMap::new();
-    if matches!(config.problem, ProblemConfig::Control { .. }) {
-        extra.insert("return".to_string(), -fitness_mean);
-    }
-    extra
+/// What the user sees of a session: the progress and the curves.
+struct Shown {
+    progress: Progress,
+    curves: Curves,
 }
 
-/// Refuses a resume whose input files (data, tokenizer, checkpoint weights) differ from the
-/// ones the checkpoint was written with. Checkpoints that recorded none (older runs) pass.
-fn check_inputs(extra: Option<&serde_json::Value>, now: &serde_json::Value) -> Result<()> {
-    let Some(then) = extra
-        .and_then(|e| e.get("inputs"))
-        .and_then(|i| i.as_object())
-    else {
-        return Ok(());
-    };
-    let now = now.get("inputs").and_then(|i| i.as_object());
-    for (path, digest) in then {
-        let current = now.and_then(|n| n.get(path));
-        if current != Some(digest) {
-            let what = if current.is_none() {
-                "is no longer an input of this config"
-            } else {
-                "changed since the checkpoint was written"
-            };
-            return Err(ConfigError::new(
-                format!("--resume: {path} {what}"),
-                "resume with the files the run started with, or start over with --force",
-            )
-            .into());
-        }
+impl Observer for Shown {
+    fn generation(&mut self, m: &Metric, done: u32, total: u32, eta_secs: f64) {
+        self.curves.record(m);
+        self.progress.generation(m, done, total, eta_secs);
     }
-    if let Some(now) = now {
-        if let Some(path) = now.keys().find(|p| !then.contains_key(*p)) {
-            return Err(ConfigError::new(
-                format!("--resume: {path} was not an input when the checkpoint was written"),
-                "resume with the files the run started with, or start over with --force",
-            )
-            .into());
-        }
+
+    fn line(&mut self, text: &str) {
+        self.progress.line(text);
     }
-    Ok(())
+
+    fn checkpoint(&mut self) {
+        self.curves.checkpoint();
+    }
+
+    fn failing(&mut self) {
+        self.progress.finish();
+    }
 }
 
 /// A parameter tree without leaves, left where the host parameters were moved out.

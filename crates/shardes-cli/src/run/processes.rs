@@ -13,7 +13,7 @@
 //! 4. each generation: a stop check (a signal seen by any process stops them all after the
 //!    same generation), then the generation itself (fitness gather, and the update
 //!    exchange under `how_hosts = B`);
-//! 5. every [`PARAM_CHECK_EVERY`] generations, before every checkpoint and at the end: a
+//! 5. every [`shardes::session::PARAM_CHECK_EVERY`] generations, before every checkpoint and at the end: a
 //!    hash of the parameters, compared (a failure naming the generation if they differ).
 //!
 //! A process that fails on its own (the lead refusing the out directory, a process killed)
@@ -35,17 +35,14 @@ use shardes::hlo::es::check_processes;
 use shardes::hlo::params::Array;
 use shardes::hlo::params::ParamTree;
 use shardes::population::Place;
+use shardes::session::{agree_stop, Outcome, Quiet, Session};
 
 use super::engine::{self, Engine};
-use super::finite;
 use super::signals::{Signal, Stop};
+use super::start::session_error;
 use crate::config::{es_error, Config, ConfigError};
 use crate::out::errln;
 use crate::setup::{self, Setup};
-
-/// Generations between two comparisons of the parameters across processes (besides every
-/// checkpoint and the end).
-pub const PARAM_CHECK_EVERY: u32 = 10;
 
 /// The default of `SHARDES_MPI_TIMEOUT`: the longest wait in one collective, in seconds.
 const DEFAULT_TIMEOUT_S: u64 = 600;
@@ -292,17 +289,7 @@ impl Group {
     /// The stop signal of any process (the first in rank order), the same on every
     /// process: all stop after the same generation.
     pub fn stop(&self, stop: &Stop) -> Result<Option<Signal>> {
-        let mine = stop.received();
-        if self.size == 1 {
-            return Ok(mine);
-        }
-        let code = mine.map_or(0, |s| s.0 as u64);
-        let all = self.dist()?.gather_u64(code)?;
-        Ok(all
-            .into_iter()
-            .find(|&c| c != 0)
-            .and_then(|c| i32::try_from(c).ok())
-            .map(Signal))
+        Ok(agree_stop(self.dist()?, stop.received())?)
     }
 
     /// After a stop signal, across processes: waits until every process got here (the
@@ -324,18 +311,6 @@ impl Group {
         // `_exit`: nothing is left to flush (stderr is unbuffered, stdout's lines were
         // written or given up on) and nothing to release.
         signal_hook::low_level::exit(i32::from(sig.exit_code()))
-    }
-
-    /// Compares the parameters across processes after `done` generations when a check is
-    /// due there ([`PARAM_CHECK_EVERY`], a checkpoint, or `last`); a failure names the
-    /// generation.
-    pub fn check(&self, engine: &Engine, done: u32, every: usize, last: bool) -> Result<()> {
-        let checkpoint = every > 0 && (done as usize).is_multiple_of(every);
-        if self.size == 1 || !(last || checkpoint || done.is_multiple_of(PARAM_CHECK_EVERY)) {
-            return Ok(());
-        }
-        engine.check_params(self.dist()?, done)?;
-        Ok(())
     }
 
     /// A header line saying how the run is split, for a run across processes.
@@ -373,31 +348,16 @@ pub fn follow(
     if let Some(sig) = group.stop(stop)? {
         return Ok(Some(sig));
     }
-    let every = config.run.checkpoint_every;
-    let mut outcome = None;
-    for g in start..total {
-        if let Some(sig) = group.stop(stop)? {
-            outcome = Some(sig);
-            break;
-        }
-        let (fitness, _) = engine::step(&mut engine, group.dist()?)
-            .with_context(|| format!("running generation {g}"))?;
-        if let Some(bad) = finite::fitness(&fitness) {
-            let at = finite::Kept {
-                checkpoint: None,
-                dir: &config.run.out,
-            };
-            return Err(finite::diverged_fitness((&config.es).into(), g, &bad, at).into());
-        }
-        let done = g + 1;
-        if done < total {
-            group.check(&engine, done, every, false)?;
-        }
-    }
-    if outcome.is_none() {
-        outcome = group.stop(stop)?;
-    }
-    group.check(&engine, engine.generation(), every, true)?;
+    let mut session = Session::new(engine, group.dist()?, None, super::plan(config, total))
+        .map_err(session_error)?;
+    let ending = session
+        .run(&mut || stop.received(), &mut Quiet)
+        .map_err(session_error)?;
+    drop(session);
+    let outcome = match ending.outcome {
+        Outcome::Interrupted(sig) => Some(sig),
+        Outcome::Finished => None,
+    };
     group.end(outcome.is_none());
     Ok(outcome)
 }

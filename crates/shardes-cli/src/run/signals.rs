@@ -15,27 +15,7 @@ use signal_hook::iterator::Signals;
 
 use crate::out::errln;
 
-/// A stop signal, by number.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Signal(pub i32);
-
-impl Signal {
-    /// The exit code after it: 128 + the signal's number, as a shell reports a process
-    /// killed by it.
-    pub fn exit_code(self) -> u8 {
-        u8::try_from(128 + self.0).unwrap_or(1)
-    }
-
-    /// Its usual name.
-    pub fn name(self) -> &'static str {
-        match self.0 {
-            SIGINT => "SIGINT (Ctrl-C)",
-            SIGTERM => "SIGTERM",
-            SIGHUP => "SIGHUP",
-            _ => "a signal",
-        }
-    }
-}
+pub use shardes::session::Signal;
 
 /// The first stop signal received, if any; shared with the signal thread.
 #[derive(Debug, Clone)]
@@ -83,4 +63,17 @@ pub fn install() -> Result<Stop> {
         })
         .context("starting the signal thread")?;
     Ok(Stop(first))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_library_names_the_signals_this_platform_numbers() {
+        assert_eq!(Signal(SIGINT).name(), "SIGINT (Ctrl-C)");
+        assert_eq!(Signal(SIGTERM).name(), "SIGTERM");
+        assert_eq!(Signal(SIGHUP).name(), "SIGHUP");
+        assert_eq!(Signal(SIGTERM).exit_code(), 143);
+    }
 }

@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use shardes::rundir::RunDirError;
+use shardes::session::SessionError;
 
 use crate::config::{Config, ConfigError};
 use crate::out::Failure;
@@ -15,6 +16,23 @@ pub fn rundir_error(e: RunDirError) -> anyhow::Error {
         ConfigError::new(e.what(), e.hint()).into()
     } else {
         Failure::new(e.what(), e.hint()).into()
+    }
+}
+
+/// A session's error as the CLI's: what the user can fix (inputs that are not finite, a
+/// resume of other files, a prompt longer than `task.prompt_len`) a [`ConfigError`] (exit
+/// 2), a divergence a [`Failure`] (exit 1), a failed step with the generation as context.
+pub fn session_error(e: SessionError) -> anyhow::Error {
+    match e {
+        SessionError::Generation { generation, source } => {
+            super::reward::too_long(source).context(format!("running generation {generation}"))
+        }
+        SessionError::NotFinite { message, fix } | SessionError::Resume { message, fix } => {
+            ConfigError::new(message, fix).into()
+        }
+        SessionError::Diverged { message, fix } => Failure::new(message, fix).into(),
+        SessionError::RunDir(e) => rundir_error(e),
+        other => other.into(),
     }
 }
 

@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use shardes::rundir::Metric;
+use crate::rundir::Metric;
 
 /// Mean, min and max of `fitness`, in f64. The mean is NaN when any value is; min and max
 /// are those of the values that are not NaN (NaN when none is), so a line of a diverging

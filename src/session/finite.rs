@@ -12,10 +12,9 @@
 
 use std::fmt::Write as _;
 
-use shardes::hlo::params::{Array, ParamTree};
+use shardes_hlo::params::{Array, ParamTree};
 
-use crate::config::{ConfigError, EsConfig};
-use crate::out::Failure;
+use super::SessionError;
 
 /// The ES settings a divergence is explained by.
 #[derive(Debug, Clone, Copy)]
@@ -26,16 +25,6 @@ pub struct Settings {
     pub sigma: f32,
     /// `es.lr`.
     pub lr: f32,
-}
-
-impl From<&EsConfig> for Settings {
-    fn from(es: &EsConfig) -> Settings {
-        Settings {
-            n: es.n,
-            sigma: es.sigma,
-            lr: es.lr,
-        }
-    }
 }
 
 /// Non-finite values found in some data.
@@ -89,9 +78,10 @@ pub fn params(params: &ParamTree) -> Option<NonFinite> {
         .find_map(|(path, a)| NonFinite::of(path, a.data()))
 }
 
-/// Refuses to start from non-finite parameters or inputs (user errors, exit 2): they make
-/// every fitness NaN, and used to run to the end as if nothing were wrong.
-pub fn check_start(params: &ParamTree, batch: &[Array], resumed: bool) -> anyhow::Result<()> {
+/// Refuses to start from non-finite parameters or inputs ([`SessionError::NotFinite`], a
+/// user's error): they make every fitness NaN, and used to run to the end as if nothing
+/// were wrong.
+pub fn check_start(params: &ParamTree, batch: &[Array], resumed: bool) -> Result<(), SessionError> {
     if let Some(bad) = self::params(params) {
         let (whose, hint) = if resumed {
             (
@@ -106,27 +96,25 @@ pub fn check_start(params: &ParamTree, batch: &[Array], resumed: bool) -> anyhow
                  an undamaged checkpoint",
             )
         };
-        return Err(ConfigError::new(
-            format!(
+        return Err(SessionError::NotFinite {
+            message: format!(
                 "{whose} are not finite: leaf `{}` has {}",
                 bad.place,
                 bad.counts()
             ),
-            hint,
-        )
-        .into());
+            fix: hint.to_string(),
+        });
     }
     for (i, a) in batch.iter().enumerate() {
         if let Some(bad) = NonFinite::of(format!("{i}"), a.data()) {
-            return Err(ConfigError::new(
-                format!(
+            return Err(SessionError::NotFinite {
+                message: format!(
                     "the problem's input {} is not finite: it has {}",
                     bad.place,
                     bad.counts()
                 ),
-                "check the problem's data (problem.data) for NaN or infinite values",
-            )
-            .into());
+                fix: "check the problem's data (problem.data) for NaN or infinite values".into(),
+            });
         }
     }
     Ok(())
@@ -209,37 +197,37 @@ fn kept(Kept { checkpoint, dir }: Kept<'_>) -> String {
     }
 }
 
-/// The failure (exit 1) of a generation whose fitness is not finite.
-pub fn diverged_fitness(es: Settings, generation: u32, bad: &NonFinite, at: Kept) -> Failure {
+/// The failure of a generation whose fitness is not finite.
+pub fn diverged_fitness(es: Settings, generation: u32, bad: &NonFinite, at: Kept) -> SessionError {
     let (cause, fix) = cause(es, generation, false);
-    Failure::new(
-        format!(
+    SessionError::Diverged {
+        message: format!(
             "the run diverged at generation {generation}: {} fitness values are not finite; \
              likely cause: {cause}",
             bad.counts()
         ),
-        format!(
+        fix: format!(
             "{fix}; {} (metrics.jsonl records generation {generation} as NaN)",
             kept(at)
         ),
-    )
+    }
 }
 
-/// The failure (exit 1) of a checkpoint refused because the parameters are not finite,
-/// although the fitness of the generation that produced them was.
-pub fn diverged_params(es: Settings, generation: u32, bad: &NonFinite, at: Kept) -> Failure {
+/// The failure of a checkpoint refused because the parameters are not finite, although
+/// the fitness of the generation that produced them was.
+pub fn diverged_params(es: Settings, generation: u32, bad: &NonFinite, at: Kept) -> SessionError {
     // `generation` runs next: the update of the one before produced these parameters.
     let last = generation.saturating_sub(1);
     let (cause, fix) = cause(es, last, true);
-    Failure::new(
-        format!(
+    SessionError::Diverged {
+        message: format!(
             "the run diverged at generation {last}: its update made the parameters non-finite \
              (leaf `{}` has {}), so no checkpoint of them was written; likely cause: {cause}",
             bad.place,
             bad.counts()
         ),
-        format!("{fix}; {}", kept(at)),
-    )
+        fix: format!("{fix}; {}", kept(at)),
+    }
 }
 
 #[cfg(test)]
