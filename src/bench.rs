@@ -26,7 +26,7 @@ use shardes_hlo::problems::transformer_block::TransformerBlock;
 use shardes_runtime::{gather_rows, Buffer, Client, CompileOptions, Executable};
 
 use crate::state::DeviceState;
-use crate::{Error, Trainer};
+use crate::{Error, SplitTrainer, Trainer};
 
 /// The decode benchmark: ES decode against a plain batched decode.
 pub mod decode;
@@ -256,28 +256,12 @@ impl Fixed {
     }
 }
 
-/// The inference program (zero noise, same chunking and sharding) with its inputs.
+/// The inference program (zero noise, same chunking and sharding) with its inputs; returns
+/// it with its emission and compile times (ms).
 fn inference(input: &BenchInput, es: &ShardedES) -> Result<(Fixed, f64, f64), Error> {
-    fixed_program(input, es, |leaves| {
+    let (exe, layout, emit, compile) = compiled(input, es, |leaves| {
         es.inference_program(input.model, leaves)
-    })
-}
-
-/// `ask + apply` alone (the generation without `tell` and the update) with its inputs.
-fn ask_apply(input: &BenchInput, es: &ShardedES) -> Result<(Fixed, f64, f64), Error> {
-    fixed_program(input, es, |leaves| {
-        es.ask_apply_program(input.model, leaves)
-    })
-}
-
-/// Builds, emits and compiles a program and uploads its inputs in its layout; returns it
-/// with its emission and compile times (ms).
-fn fixed_program(
-    input: &BenchInput,
-    es: &ShardedES,
-    build: impl FnOnce(&[LeafInfo]) -> Result<Program, EsError>,
-) -> Result<(Fixed, f64, f64), Error> {
-    let (exe, layout, emit, compile) = compiled(input, es, build)?;
+    })?;
     let state = DeviceState::upload(
         input.client,
         es.devices(),
@@ -457,14 +441,18 @@ pub fn run(
     progress("compiling inference", 0, 1);
     let (inf, inference_emit_ms, inference_compile_ms) = inference(input, first)?;
     progress("compiling ask + apply", 0, 1);
-    let (apply, _, _) = ask_apply(input, first)?;
+    // `ask + apply` alone (the generation without `tell` and the update): the split
+    // population's program on the same state, evaluated and never told, so its tell is
+    // never compiled.
+    let start = (input.key, input.batch, 0);
+    let apply = SplitTrainer::evaluating(input.client, first, input.model, input.params, start)?;
     progress("warm-up", 0, options.warmup);
     for w in 0..options.warmup {
         for t in &mut trainers {
             t.step()?;
         }
         inf.run()?;
-        apply.run()?;
+        apply.evaluate()?;
         progress("warm-up", w + 1, options.warmup);
     }
     let mut gen_samples: Vec<Vec<f64>> = vec![Vec::new(); trainers.len()];
@@ -480,7 +468,7 @@ pub fn run(
         inf.run()?;
         inf_samples.push(ms_since(t0));
         let t0 = Instant::now();
-        apply.run()?;
+        apply.evaluate()?;
         apply_samples.push(ms_since(t0));
         progress("timing", r + 1, options.rounds);
     }

@@ -2,27 +2,29 @@
 //! gradient by central differences, and the metrics ([`metrics`]) that compare them.
 //!
 //! [`Estimator::estimate`] returns `ĝ = u / (n σ)` of one generation (`u = Σ_i w_i s_i ε_i`,
-//! the spec's "Update"), exactly as the generation program computes it: it runs the split
-//! mode's two programs of an ES with `lr = 1`, `ask + apply` at `θ` for the fitness, then
-//! `tell` with that fitness on parameters that are all zero, whose result is `0 − 1/(nσ) · u`
-//! to the bit, and negates it. The ES descends, so `ĝ` estimates the gradient of the loss
-//! (of its Gaussian smoothing, to be exact; they agree on a quadratic). Its scale is that of
-//! the gradient only without shaping (`shaping = "none"`); ranks change the scale, not the
-//! meaning of a cosine.
+//! the spec's "Update"), exactly as the generation program computes it: it runs a split
+//! population ([`Population<Losses>`]) of the ES with `lr = 1`, `ask + apply` at `θ` for the
+//! fitness, then its tell with that fitness on parameters that are all zero, whose result
+//! is `0 − 1/(nσ) · u` to the bit, and negates it. The ES descends, so `ĝ` estimates the
+//! gradient of the loss (of its Gaussian smoothing, to be exact; they agree on a
+//! quadratic). Its scale is that of the gradient only without shaping (`shaping = "none"`);
+//! ranks change the scale, not the meaning of a cosine.
 //!
 //! [`central_differences`] evaluates `f(θ ± h e_c)` for every parameter `c` in one `ask +
-//! apply` of `2d` members (the [`Coordinates`] strategy, mirrored) and returns
-//! `(f(θ + h e_c) − f(θ − h e_c)) / (2h)` (with the step the f32 parameters actually take):
-//! the reference for models without an analytic gradient.
+//! apply` of `2d` members (the [`Coordinates`] strategy, mirrored, in a population that is
+//! never told) and returns `(f(θ + h e_c) − f(θ − h e_c)) / (2h)` (with the step the f32
+//! parameters actually take): the reference for models without an analytic gradient.
+
+use std::sync::{Mutex, PoisonError};
 
 use shardes_hlo::es::shaping::NoShaping;
 use shardes_hlo::es::strategy::Mirrored;
-use shardes_hlo::es::{leaf_infos, EsSpec, Layout, Model, ShardedES};
+use shardes_hlo::es::{leaf_infos, EsSpec, Model, ShardedES};
 use shardes_hlo::params::{Array, ParamTree};
 use shardes_hlo::prng::{key, Key};
-use shardes_runtime::{gather_rows, Buffer, Client, CompileOptions, Executable};
+use shardes_runtime::Client;
 
-use crate::state::{check_devices, replicate, DeviceState};
+use crate::population::{HostFitness, Losses, Population};
 use crate::Error;
 
 pub mod coordinates;
@@ -49,17 +51,17 @@ pub struct Estimate {
 }
 
 /// Gradient estimates of one ES at fixed parameters, generation by generation.
+///
+/// One population holds the state: each estimate restarts it at `θ` for the fitness and at
+/// zero for the tell ([`Population::restart`]), so no estimate sees another's state and
+/// the programs are compiled once.
 pub struct Estimator {
-    client: Client,
-    devices: usize,
-    ask_apply: Executable,
-    tell: Executable,
-    ask_layout: Layout,
-    tell_layout: Layout,
+    /// Behind a lock because [`Estimator::estimate`] takes `&self` (the estimator is fixed;
+    /// only the scratch state on the devices changes), which also serialises estimates
+    /// from several threads over the one state.
+    population: Mutex<Population<Losses>>,
     params: ParamTree,
     zeros: ParamTree,
-    key: Key,
-    batch: Vec<Array>,
 }
 
 impl Estimator {
@@ -98,82 +100,37 @@ impl Estimator {
                 es.lr()
             )));
         }
-        let devices = es.devices();
-        check_devices(client, devices)?;
-        let leaves = leaf_infos(params);
-        let first = es.ask_apply_program(model, &leaves)?;
-        let second = es.tell_program(model, &leaves)?;
-        let opts = CompileOptions::new(devices);
+        let population = Population::<Losses>::new(client, es, model, params, key, batch, 0)?;
         let mut zeros = params.clone();
         for a in zeros.leaves_mut() {
             *a = Array::zeros(a.shape().to_vec())?;
         }
         Ok(Estimator {
-            client: client.clone(),
-            devices,
-            ask_apply: client.compile(&first.module.to_mlir(), &opts)?,
-            tell: client.compile(&second.module.to_mlir(), &opts)?,
-            ask_layout: first.layout,
-            tell_layout: second.layout,
+            population: Mutex::new(population),
             params: params.clone(),
             zeros,
-            key,
-            batch: batch.to_vec(),
         })
-    }
-
-    /// The population's fitness at `generation` (ask + apply).
-    fn fitness(&self, generation: u32) -> Result<Vec<f32>, Error> {
-        let state = DeviceState::upload(
-            &self.client,
-            self.devices,
-            self.ask_layout.clone(),
-            &self.params,
-            self.key,
-            &self.batch,
-            generation,
-        )?;
-        let args: Vec<Vec<&Buffer>> = (0..self.devices)
-            .map(|d| state.args_for(&self.ask_layout, d, None))
-            .collect::<Result<_, _>>()?;
-        let mut shards = Vec::with_capacity(self.devices);
-        for out in self.ask_apply.execute(&args)? {
-            shards.push(
-                self.ask_layout
-                    .split_results(out)?
-                    .fitness
-                    .ok_or_else(|| Error::Invalid("ask_apply returned no fitness".into()))?,
-            );
-        }
-        Ok(gather_rows(&shards)?)
     }
 
     /// Generation `generation`'s estimate: its base key is `fold_in(key, generation)`, so
     /// different generations give independent estimates.
     pub fn estimate(&self, generation: u32) -> Result<Estimate, Error> {
-        let fitness = self.fitness(generation)?;
-        let mut zero = DeviceState::upload(
-            &self.client,
-            self.devices,
-            self.ask_layout.clone(),
-            &self.zeros,
-            self.key,
-            &self.batch,
-            generation,
-        )?;
-        let fit_dev = replicate(
-            &self.client,
-            &fitness,
-            &self.tell_layout.fitness_dims(),
-            self.devices,
-        )?;
-        let args: Vec<Vec<&Buffer>> = (0..self.devices)
-            .map(|d| zero.args_for(&self.tell_layout, d, Some(&fit_dev[d])))
-            .collect::<Result<_, _>>()?;
-        let outs = self.tell.execute(&args)?;
-        zero.absorb_for(&self.tell_layout, outs, 1)?;
+        // A lock poisoned by a panic in an earlier estimate is safe to take: every estimate
+        // restarts the whole state (parameters, generation, optimizer state) before using it.
+        let mut population = self
+            .population
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        population.restart(&self.params, generation)?;
+        let fitness = population.evaluate()?;
+        // The same generation's tell from zero parameters (and a zero optimizer state).
+        population.restart(&self.zeros, generation)?;
+        population.tell(&HostFitness::F32(fitness.clone()))?;
         // tell returned 0 − u/(nσ): negating is exact.
-        let gradient = flatten(&zero.params()?).into_iter().map(|x| -x).collect();
+        let gradient = flatten(&population.params()?)
+            .into_iter()
+            .map(|x| -x)
+            .collect();
         Ok(Estimate { gradient, fitness })
     }
 }
@@ -217,31 +174,11 @@ pub fn central_differences(
     )?
     .with_shaping(Box::new(NoShaping))
     .with_member_bytes(model.member_bytes());
-    let program = es.ask_apply_program(model, &leaves)?;
-    let exe = client.compile(&program.module.to_mlir(), &CompileOptions::new(devices))?;
-    let state = DeviceState::upload(
-        client,
-        devices,
-        program.layout.clone(),
-        params,
-        key(0).map_err(|e| Error::Invalid(e.to_string()))?,
-        batch,
-        0,
-    )?;
-    let args: Vec<Vec<&Buffer>> = (0..devices)
-        .map(|dv| state.args_for(&program.layout, dv, None))
-        .collect::<Result<_, _>>()?;
-    let mut shards = Vec::with_capacity(devices);
-    for out in exe.execute(&args)? {
-        shards.push(
-            program
-                .layout
-                .split_results(out)?
-                .fitness
-                .ok_or_else(|| Error::Invalid("ask_apply returned no fitness".into()))?,
-        );
-    }
-    let f: Vec<f32> = gather_rows(&shards)?;
+    // Nothing random is drawn (the directions are coordinates): any key serves.
+    let k = key(0).map_err(|e| Error::Invalid(e.to_string()))?;
+    // Evaluated only, never told: the tell is never compiled.
+    let f =
+        Population::<Losses>::evaluating(client, &es, model, params, (k, batch, 0))?.evaluate()?;
     let mut out = Vec::with_capacity(d as usize);
     let mut c = 0;
     for (_, a) in params.leaves() {

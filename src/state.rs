@@ -159,48 +159,8 @@ impl DeviceState {
                 batch_dev[d].push(b);
             }
         }
-        let mut params_dev: Vec<Vec<Buffer>> = (0..devices).map(|_| Vec::new()).collect();
-        let mut leaves: Vec<Option<Cow<'a, Array>>> = leaves.map(Some).collect();
-        if leaves.len() != layout.leaves.len() {
-            return Err(Error::Invalid(format!(
-                "the parameter tree has {} leaves but the program takes {}; build the \
-                 program from this tree's leaf_infos",
-                leaves.len(),
-                layout.leaves.len()
-            )));
-        }
-        for slot in layout.slots() {
-            let bufs = match *slot {
-                Slot::Leaf(p) => {
-                    let a = take_leaf(&mut leaves, p)?;
-                    replicate(client, a.data(), a.shape(), devices)?
-                }
-                Slot::Stack(s) => {
-                    // The layers' host arrays are freed as their stack is built.
-                    let st = &layout.stacks[s];
-                    let dims = dims_of(&st.ty());
-                    let mut data = Vec::with_capacity(dims.iter().product());
-                    for &p in &st.positions {
-                        data.extend_from_slice(take_leaf(&mut leaves, p)?.data());
-                    }
-                    replicate(client, &data, &dims, devices)?
-                }
-            };
-            for (d, b) in bufs.into_iter().enumerate() {
-                params_dev[d].push(b);
-            }
-        }
-        let mut opt: Vec<Vec<Buffer>> = (0..devices).map(|_| Vec::new()).collect();
-        for (_, ty) in &layout.opt_state {
-            let dims = dims_of(ty);
-            let zeros = vec![0.0f32; dims.iter().product()];
-            for (d, b) in replicate(client, &zeros, &dims, devices)?
-                .into_iter()
-                .enumerate()
-            {
-                opt[d].push(b);
-            }
-        }
+        let params_dev = params_on_devices(client, devices, &layout, leaves)?;
+        let opt = zero_opt(client, devices, &layout)?;
         let state = DeviceState {
             layout,
             skeleton,
@@ -222,6 +182,29 @@ impl DeviceState {
     /// Devices holding the state.
     pub(crate) fn devices(&self) -> usize {
         self.params.len()
+    }
+
+    /// Starts the state again at `params` and `generation`: the parameters and the
+    /// generation replaced on every device and the optimizer state zero, which is the state
+    /// [`DeviceState::upload`] gives with this state's key and batch (kept on the devices).
+    /// `params` must have this state's leaves (paths and shapes, in order), which the
+    /// caller checks; nothing changes unless every upload succeeds.
+    pub(crate) fn restart(
+        &mut self,
+        client: &Client,
+        params: &ParamTree,
+        generation: u32,
+    ) -> Result<(), Error> {
+        let devices = self.devices();
+        let leaves = params.leaves().into_iter().map(|(_, a)| Cow::Borrowed(a));
+        let params = params_on_devices(client, devices, &self.layout, leaves)?;
+        let opt = zero_opt(client, devices, &self.layout)?;
+        let generation_dev = replicate(client, &[generation], &[], devices)?;
+        self.params = params;
+        self.opt = opt;
+        self.generation = generation_dev;
+        self.generation_host = generation;
+        Ok(())
     }
 
     /// Device `d`'s arguments for a `layout` program: the state, then the batch, or for a
@@ -431,6 +414,66 @@ impl DeviceState {
         self.opt = opt;
         Ok(())
     }
+}
+
+/// `leaves` (in [`ParamTree::leaves`] order) on each of the first `devices` devices as
+/// `layout`'s parameter slots, `[device][slot]`: a leaf as it is, a stack of layers as one
+/// `[L, …]` array. Each host leaf is dropped once it is uploaded (an owned one is freed).
+fn params_on_devices<'a>(
+    client: &Client,
+    devices: usize,
+    layout: &Layout,
+    leaves: impl Iterator<Item = Cow<'a, Array>>,
+) -> Result<Vec<Vec<Buffer>>, Error> {
+    let mut params_dev: Vec<Vec<Buffer>> = (0..devices).map(|_| Vec::new()).collect();
+    let mut leaves: Vec<Option<Cow<'a, Array>>> = leaves.map(Some).collect();
+    if leaves.len() != layout.leaves.len() {
+        return Err(Error::Invalid(format!(
+            "the parameter tree has {} leaves but the program takes {}; build the \
+             program from this tree's leaf_infos",
+            leaves.len(),
+            layout.leaves.len()
+        )));
+    }
+    for slot in layout.slots() {
+        let bufs = match *slot {
+            Slot::Leaf(p) => {
+                let a = take_leaf(&mut leaves, p)?;
+                replicate(client, a.data(), a.shape(), devices)?
+            }
+            Slot::Stack(s) => {
+                // The layers' host arrays are freed as their stack is built.
+                let st = &layout.stacks[s];
+                let dims = dims_of(&st.ty());
+                let mut data = Vec::with_capacity(dims.iter().product());
+                for &p in &st.positions {
+                    data.extend_from_slice(take_leaf(&mut leaves, p)?.data());
+                }
+                replicate(client, &data, &dims, devices)?
+            }
+        };
+        for (d, b) in bufs.into_iter().enumerate() {
+            params_dev[d].push(b);
+        }
+    }
+    Ok(params_dev)
+}
+
+/// `layout`'s optimizer state at zero (where every run starts) on each of the first
+/// `devices` devices, `[device][tensor]`; empty under `sgd`.
+fn zero_opt(client: &Client, devices: usize, layout: &Layout) -> Result<Vec<Vec<Buffer>>, Error> {
+    let mut opt: Vec<Vec<Buffer>> = (0..devices).map(|_| Vec::new()).collect();
+    for (_, ty) in &layout.opt_state {
+        let dims = dims_of(ty);
+        let zeros = vec![0.0f32; dims.iter().product()];
+        for (d, b) in replicate(client, &zeros, &dims, devices)?
+            .into_iter()
+            .enumerate()
+        {
+            opt[d].push(b);
+        }
+    }
+    Ok(opt)
 }
 
 /// `params`' structure with every leaf an empty array (no parameter data).

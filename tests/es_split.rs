@@ -12,10 +12,11 @@ use std::time::Instant;
 
 use shardes::hlo::es::shaping::ShapingSpec;
 use shardes::hlo::es::strategy::{from_spec, LowRank, Mirrored};
-use shardes::hlo::es::{EsError, ShardedES};
-use shardes::hlo::params::ParamTree;
+use shardes::hlo::es::{EsError, Optimizer, ShardedES};
+use shardes::hlo::params::{Array, ParamTree};
 use shardes::hlo::prng::{fold_in, key};
 use shardes::hlo::problems::transformer_block::TransformerBlock;
+use shardes::population::PopulationError;
 use shardes::runtime::half::{bf16, f16};
 use shardes::runtime::{Client, CompileOptions};
 use shardes::{HostFitness, SplitTrainer, Trainer};
@@ -242,5 +243,56 @@ fn the_generation_program_donates_params_and_generation_but_not_the_key() {
         assert!(!k[d].is_deleted().expect("query"), "the key must stay");
         let gen: Vec<u32> = outs[d][params.num_leaves()].to_host().expect("gen");
         assert_eq!(gen, vec![1]);
+    }
+}
+
+/// `restart` is a fresh build at the same parameters and generation (the optimizer state
+/// zero again), bit for bit, and refuses a tree with other leaves before anything changes.
+#[test]
+fn restart_is_a_fresh_build_and_refuses_other_leaves() {
+    let (client, params, batch) = mlp_on_8_devices();
+    let k = key(7).expect("seed");
+    let e = es("mirrored(lowrank(r=1))", "centered_ranks", 8)
+        .with_optimizer(Optimizer::adam())
+        .expect("adam");
+    let mut used =
+        SplitTrainer::new(&client, &e, &Mlp::PLAIN, &params, k, &batch, 0).expect("split");
+    used.step().expect("step");
+    used.step().expect("step");
+    used.restart(&params, 5).expect("restart");
+    assert_eq!(used.generation(), 5);
+    let mut fresh =
+        SplitTrainer::new(&client, &e, &Mlp::PLAIN, &params, k, &batch, 5).expect("fresh");
+    for _ in 0..2 {
+        assert_eq!(used.step().expect("step"), fresh.step().expect("step"));
+    }
+    assert_eq!(used.params().expect("p"), fresh.params().expect("p"));
+    assert_eq!(
+        used.optimizer_state().expect("state"),
+        fresh.optimizer_state().expect("state")
+    );
+    let wider = params.map_leaves(|_, a| {
+        let mut shape = a.shape().to_vec();
+        shape[0] += 1;
+        Array::zeros(shape).expect("zeros")
+    });
+    // The first leaf as it is, the others missing.
+    let first = params.leaves()[0].1.clone();
+    let fewer = ParamTree::map([("b1", ParamTree::Leaf(first))]);
+    for (tree, what) in [(&wider, "wider leaves"), (&fewer, "fewer leaves")] {
+        let err = used.restart(tree, 0).expect_err(what);
+        assert!(
+            matches!(
+                err,
+                shardes::Error::Population(PopulationError::ForeignLeaf { .. })
+            ),
+            "{what}: {err:?}"
+        );
+        assert!(err.to_string().contains("restart at a tree"), "{err}");
+        assert_eq!(
+            used.generation(),
+            7,
+            "{what}: refused before anything changed"
+        );
     }
 }

@@ -6,7 +6,7 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
-use shardes_hlo::es::{How, Layout, Part, Program};
+use shardes_hlo::es::{How, Layout, LeafInfo, Part, Program};
 use shardes_hlo::params::{Array, ParamTree};
 use shardes_runtime::{Buffer, Client, CompileOptions, Executable};
 
@@ -309,6 +309,35 @@ impl Core {
         self.phases.wait_ms += ex.wait_ms;
         self.phases.exchange_bytes = ex.bytes;
         Ok(())
+    }
+
+    /// Starts this process's state again at `params` and `generation` (the optimizer state
+    /// zero; key, batch and programs kept), refusing a tree whose leaves are not the
+    /// state's; see [`super::Population::restart`].
+    pub(crate) fn restart(&mut self, params: &ParamTree, generation: u32) -> Result<(), Error> {
+        let got = shardes_hlo::es::leaf_infos(params);
+        let want = &self.state.layout.leaves;
+        let same = |a: &LeafInfo, b: &LeafInfo| a.path == b.path && a.shape == b.shape;
+        let describe = |l: Option<&LeafInfo>| {
+            l.map_or_else(
+                || "none".to_string(),
+                |l| format!("{} {:?}", l.path, l.shape),
+            )
+        };
+        if let Some(position) =
+            (0..got.len().max(want.len())).find(|&i| match (got.get(i), want.get(i)) {
+                (Some(a), Some(b)) => !same(a, b),
+                _ => true,
+            })
+        {
+            return Err(PopulationError::ForeignLeaf {
+                position,
+                got: describe(got.get(position)),
+                want: describe(want.get(position)),
+            }
+            .into());
+        }
+        self.state.restart(&self.client, params, generation)
     }
 
     /// With `on`, a barrier precedes each collective (timed into [`Phases::wait_ms`]).

@@ -121,6 +121,20 @@ pub enum PopulationError {
         /// The state's devices.
         state: usize,
     },
+    /// Parameters to restart at whose leaves are not the population's.
+    #[error(
+        "leaf {position} of the parameters to restart at is {got} but this population's is \
+         {want}; restart at a tree with the leaves (paths and shapes, in order) it was built \
+         with"
+    )]
+    ForeignLeaf {
+        /// The first leaf that differs, in leaf order.
+        position: usize,
+        /// That leaf of the given tree (`path [shape]`, or `none`).
+        got: String,
+        /// The population's leaf there (`path [shape]`, or `none`).
+        want: String,
+    },
     /// A program returned less than its layout promises.
     #[error("{0} returned no {1}")]
     MissingResult(&'static str, &'static str),

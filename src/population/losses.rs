@@ -96,6 +96,37 @@ impl Population<Losses> {
         generation: u32,
         place: Place<'_>,
     ) -> Result<Population<Losses>, Error> {
+        let start = (key, batch, generation);
+        Self::build(client, es, model, params, start, place, CompileWhen::Now)
+    }
+
+    /// [`Population::<Losses>::new`] at `(key, batch, generation)` with the tell compiled
+    /// on its first use ([`CompileWhen::FirstUse`]), not now: for a caller that may only
+    /// evaluate (the `ask + apply` timing of `bench`, central differences), which then
+    /// never pays for the tell's compile. The programs, the state and the results are
+    /// those of `new`.
+    pub(crate) fn evaluating(
+        client: &Client,
+        es: &ShardedES,
+        model: &dyn Model,
+        params: &ParamTree,
+        start: (Key, &[Array], u32),
+    ) -> Result<Population<Losses>, Error> {
+        let when = CompileWhen::FirstUse;
+        Self::build(client, es, model, params, start, Place::Alone, when)
+    }
+
+    /// Builds the programs (the tell compiled `when` asked; across processes, now) and
+    /// uploads the state at `(key, batch, generation)`.
+    fn build(
+        client: &Client,
+        es: &ShardedES,
+        model: &dyn Model,
+        params: &ParamTree,
+        (key, batch, generation): (Key, &[Array], u32),
+        place: Place<'_>,
+        when: CompileWhen,
+    ) -> Result<Population<Losses>, Error> {
         let devices = place.devices(client, es)?;
         let t0 = Instant::now();
         let leaves = shardes_hlo::es::leaf_infos(params);
@@ -109,7 +140,7 @@ impl Population<Losses> {
         let ask_apply = client.compile(&mlir, &CompileOptions::new(devices))?;
         // The same model: tell takes its fitness columns and sizes its chunks as the fused
         // program for this model would.
-        let placement = placement(client, es, place, model, &leaves, devices, CompileWhen::Now)?;
+        let placement = placement(client, es, place, model, &leaves, devices, when)?;
         let compile_ms = t1.elapsed().as_secs_f64() * 1e3;
         let state = DeviceState::upload(
             client,

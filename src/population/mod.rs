@@ -232,6 +232,19 @@ impl<E> Population<E> {
         self.core.set_optimizer_state(tensors)
     }
 
+    /// Starts the population again at `params` and `generation`, as if it had been built
+    /// there: the parameters and the generation replaced on every device and the
+    /// optimizer state zero; the key, the batch, the compiled programs and the evaluator
+    /// are kept, so nothing is compiled again. `params` must have the leaves (paths and
+    /// shapes, in order) the population was built with ([`PopulationError::ForeignLeaf`]
+    /// otherwise). Across processes every process restarts alike.
+    ///
+    /// [`crate::estimate::Estimator`] restarts one population at `θ` for a generation's
+    /// fitness and at zero for the tell that gives its estimate.
+    pub fn restart(&mut self, params: &ParamTree, generation: u32) -> Result<(), Error> {
+        self.core.restart(params, generation)
+    }
+
     /// Refuses unless every process holds the same parameters; see [`Core::check_params`].
     pub fn check_params(&self, dist: &Distributed, generation: u32) -> Result<(), Error> {
         self.core.check_params(dist, generation)
