@@ -78,7 +78,7 @@ pub fn params(params: &ParamTree) -> Option<NonFinite> {
         .find_map(|(path, a)| NonFinite::of(path, a.data()))
 }
 
-/// Refuses to start from non-finite parameters or inputs ([`SessionError::NotFinite`], a
+/// Refuses to start from non-finite parameters or inputs ([`SessionError::Refused`], a
 /// user's error): they make every fitness NaN, and used to run to the end as if nothing
 /// were wrong.
 pub fn check_start(params: &ParamTree, batch: &[Array], resumed: bool) -> Result<(), SessionError> {
@@ -96,7 +96,7 @@ pub fn check_start(params: &ParamTree, batch: &[Array], resumed: bool) -> Result
                  an undamaged checkpoint",
             )
         };
-        return Err(SessionError::NotFinite {
+        return Err(SessionError::Refused {
             message: format!(
                 "{whose} are not finite: leaf `{}` has {}",
                 bad.place,
@@ -107,7 +107,7 @@ pub fn check_start(params: &ParamTree, batch: &[Array], resumed: bool) -> Result
     }
     for (i, a) in batch.iter().enumerate() {
         if let Some(bad) = NonFinite::of(format!("{i}"), a.data()) {
-            return Err(SessionError::NotFinite {
+            return Err(SessionError::Refused {
                 message: format!(
                     "the problem's input {} is not finite: it has {}",
                     bad.place,

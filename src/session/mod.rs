@@ -83,20 +83,14 @@ pub enum SessionError {
         /// What to change.
         fix: String,
     },
-    /// The run cannot start from these parameters or inputs: they are not finite.
+    /// The run cannot start as asked: its parameters or inputs are not finite
+    /// ([`finite::check_start`]), or a resume's input files differ from the checkpoint's
+    /// ([`check_inputs`]). The user's to fix.
     #[error("{message}")]
-    NotFinite {
-        /// What is not finite.
+    Refused {
+        /// What is wrong.
         message: String,
         /// What to change.
-        fix: String,
-    },
-    /// A resume was refused: the checkpoint does not belong to this run's inputs.
-    #[error("{message}")]
-    Resume {
-        /// What differs.
-        message: String,
-        /// What to do.
         fix: String,
     },
     /// The out directory refused a write.
@@ -504,7 +498,7 @@ pub fn check_inputs(
     else {
         return Ok(());
     };
-    let refuse = |message: String| SessionError::Resume {
+    let refuse = |message: String| SessionError::Refused {
         message,
         fix: "resume with the files the run started with, or start over with --force".into(),
     };

@@ -27,9 +27,7 @@ pub fn session_error(e: SessionError) -> anyhow::Error {
         SessionError::Generation { generation, source } => {
             super::reward::too_long(source).context(format!("running generation {generation}"))
         }
-        SessionError::NotFinite { message, fix } | SessionError::Resume { message, fix } => {
-            ConfigError::new(message, fix).into()
-        }
+        SessionError::Refused { message, fix } => ConfigError::new(message, fix).into(),
         SessionError::Diverged { message, fix } => Failure::new(message, fix).into(),
         SessionError::RunDir(e) => rundir_error(e),
         other => other.into(),
