@@ -21,7 +21,7 @@
 //! - every checkpoint redraws `OUT/curves.svg` and, with `run.tensorboard`, writes the
 //!   generations since the last one to the event file under `OUT/tb/` ([`curves`]);
 //! - a divergence (a non-finite fitness, or parameters refused at a checkpoint) exits 1.
-
+//!
 //! Under `mpirun` (feature `mpi`) every process runs this command; process 0 does all of
 //! the above and the others follow it ([`processes`]).
 
