@@ -17,7 +17,7 @@ pub mod keys;
 mod problem;
 mod task;
 pub use problem::{control, control_mjcf, quadratic, transformer_block, WeightsKey};
-pub use task::{task_keys, task_names, EvalConfig, TaskConfig, TaskSection};
+pub use task::{task_docs, task_keys, task_names, EvalConfig, Rates, TaskConfig, TaskSection};
 
 /// A user-facing configuration error: one line saying what is wrong and a hint saying how to fix it.
 #[derive(Debug, thiserror::Error)]

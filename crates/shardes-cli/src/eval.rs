@@ -20,7 +20,7 @@ use serde::Serialize;
 use shardes::finetune::{PromptBatch, Sampler};
 use shardes::hlo::params::ParamTree;
 
-use crate::config::{Config, ConfigError, ProblemConfig, TaskConfig, WeightsKey};
+use crate::config::{Config, ConfigError, ProblemConfig, Rates, WeightsKey};
 use crate::out::{outln, Stdout};
 use crate::{setup, taskset};
 
@@ -79,43 +79,6 @@ struct CompletionLine<'a> {
     tokens: usize,
     reward: f64,
     contained: bool,
-}
-
-/// Which rates the task defines beside the mean reward.
-#[derive(Clone, Copy)]
-struct Rates {
-    /// Reward 1 means solved.
-    accuracy: bool,
-    /// Reward above 0 means well formed.
-    format: bool,
-}
-
-impl Rates {
-    fn of(task: &TaskConfig) -> Rates {
-        if task.reward().is_some() {
-            // The user's program decides what a reward means.
-            return Rates {
-                accuracy: false,
-                format: false,
-            };
-        }
-        match task {
-            // 1 correct, 0.1 well formed, 0 otherwise.
-            TaskConfig::Countdown(_) => Rates {
-                accuracy: true,
-                format: true,
-            },
-            // Exact match: 1 or 0.
-            TaskConfig::Jsonl(_) => Rates {
-                accuracy: true,
-                format: false,
-            },
-            TaskConfig::TargetToken(_) => Rates {
-                accuracy: false,
-                format: false,
-            },
-        }
-    }
 }
 
 /// Mean and standard error of the mean (0 below two values).
@@ -287,7 +250,7 @@ pub fn run(args: &EvalArgs) -> Result<()> {
             .with_context(|| format!("decoding the {} model", s.name))?;
         scored.push(score(&batch, &codec, out)?);
     }
-    let rates = Rates::of(&task_cfg);
+    let rates = task_cfg.rates();
     let mut o = Stdout::new();
     outln!(
         o,

@@ -5,7 +5,9 @@
 //! are the ones its definitions read ([`config::keys`], [`config::problem_reads`], ...), and the
 //! values of keys with a default are read back from a [`Config`] parsed from the few
 //! starting values this module chooses (the keys without a default). Only the comments and
-//! the examples for optional keys live here; a test fails when a key has none.
+//! the examples for optional keys live here, but for a task's own keys: those, and their
+//! starting values, are the task's module's ([`config::task_docs`]). A test fails when a
+//! key has no comment.
 //!
 //! A problem or task the config module does not know yet (`control`, `countdown`) is refused
 //! with "not available in this build yet": the check is at run time against
@@ -58,10 +60,7 @@ type Values = &'static [(&'static str, &'static str)];
 
 /// The values of the keys without a default, for `problem` (what the starter config
 /// starts from; the rest is defaults). Keyed `(section, key)`, each value a TOML literal.
-fn starting_values(
-    problem: &str,
-    task: Option<&str>,
-) -> Vec<(&'static str, &'static str, &'static str)> {
+fn starting_values(problem: &str, task: Option<&str>) -> Vec<(&'static str, &'static str, String)> {
     let (es, run): (Values, Values) = match problem {
         // The quickstart's: learns visibly in 30 generations on 8 CPU devices.
         "transformer_block" => (
@@ -94,17 +93,16 @@ fn starting_values(
         problem_values
             .iter()
             .filter(|(k, _)| task.is_none() || *k != "data")
-            .map(|&(k, l)| ("problem", k, l)),
+            .map(|&(k, l)| ("problem", k, l.to_string())),
     );
-    let task_values: Values = match task {
-        Some("countdown") => &[("name", "\"countdown\"")],
-        Some("jsonl") => &[("name", "\"jsonl\""), ("train", "\"path/to/train.jsonl\"")],
-        Some("target_token") => &[("name", "\"target_token\""), ("token", "1")],
-        _ => &[],
-    };
-    v.extend(task_values.iter().map(|&(k, l)| ("task", k, l)));
-    v.extend(es.iter().map(|&(k, l)| ("es", k, l)));
-    v.extend(run.iter().map(|&(k, l)| ("run", k, l)));
+    // The task's name, and the keys it needs at the starting values its module gives.
+    if let Some(t) = task {
+        v.push(("task", "name", format!("\"{t}\"")));
+        let needed = config::task_docs(t).iter().filter(|d| d.needed);
+        v.extend(needed.map(|d| ("task", d.key, d.value.to_string())));
+    }
+    v.extend(es.iter().map(|&(k, l)| ("es", k, l.to_string())));
+    v.extend(run.iter().map(|&(k, l)| ("run", k, l.to_string())));
     v
 }
 
@@ -131,8 +129,14 @@ fn problem_defaults(problem: &str) -> Vec<(&'static str, String)> {
 }
 
 /// The comment above a key, and for a key written commented out (one without a fixed
-/// default) the example value it shows. `None` for a key this module does not know.
-fn doc(section: &str, key: &str, problem: &str) -> Option<(String, Option<String>)> {
+/// default) the example value it shows. `None` for a key this module does not know. A
+/// task's own keys are documented in its module ([`config::task_docs`]).
+fn doc(
+    section: &str,
+    key: &str,
+    problem: &str,
+    task: Option<&str>,
+) -> Option<(String, Option<String>)> {
     let d = |text: &str| Some((text.to_string(), None));
     let e = |text: &str, example: &str| Some((text.to_string(), Some(example.to_string())));
     match (section, key) {
@@ -341,32 +345,11 @@ fn doc(section: &str, key: &str, problem: &str) -> Option<(String, Option<String
             "End-of-sequence ids. Default: generation_config.json's, else config.json's.",
             "[151645, 151643]",
         ),
-        ("task", "min_numbers") => e("Fewest numbers per puzzle. Default: 3.", "3"),
-        ("task", "max_numbers") => e("Most numbers per puzzle. Default: 4.", "4"),
-        ("task", "min_number") => e("Smallest number drawn. Default: 1.", "1"),
-        ("task", "max_number") => e("Largest number drawn. Default: 99.", "99"),
-        ("task", "max_target") => e("Targets lie in 1..=max_target. Default: 100.", "100"),
-        ("task", "eval_seed") => e(
-            "Seed of the held-out puzzles (disjoint from every training puzzle). Default: 0.",
-            "0",
-        ),
-        ("task", "style") => e(
-            "Prompt wording: \"instruction\" (TinyZero's user message; with chat = true for \
-             Instruct models), \"base\" (TinyZero's framing for base models) or \"compact\" \
-             (one short line, for tiny models). Default: \"instruction\".",
-            "\"base\"",
-        ),
-        ("task", "train") => d(
-            "FILL IN: a JSONL file, one {\"prompt\": \"...\", \"answer\": \"...\"} per line; \
-             the reward is an exact match of the last number or the <answer> content.",
-        ),
-        ("task", "held_out") => e(
-            "A held-out JSONL file for [eval]. Default: the training file's lines marked held \
-             out.",
-            "\"path/to/test.jsonl\"",
-        ),
-        ("task", "token") => d("The id whose frequency in a completion is its reward."),
-        ("task", "prompt_tokens") => e("Tokens per random prompt. Default: 4.", "4"),
+        ("task", key) => {
+            let own = config::task_docs(task?).iter().find(|d| d.key == key)?;
+            let example = (!own.needed).then(|| own.value.to_string());
+            Some((own.about.trim().to_string(), example))
+        }
         ("eval", "every") => d(
             "Greedy decoding of the unperturbed parameters on held-out prompts at generation 0, \
              every this many generations and at the end, appended to OUT/eval.jsonl (0: start \
@@ -489,7 +472,7 @@ pub fn starter(problem: &str, task: Option<&str>) -> Result<String> {
     ));
     if start
         .iter()
-        .any(|&(s, k, _)| doc(s, k, problem).is_some_and(|(d, _)| d.starts_with("FILL IN")))
+        .any(|&(s, k, _)| doc(s, k, problem, task).is_some_and(|(d, _)| d.starts_with("FILL IN")))
     {
         text.push_str(&comment(
             "Before running, fill in the keys marked FILL IN (paths on this machine).",
@@ -506,12 +489,12 @@ pub fn starter(problem: &str, task: Option<&str>) -> Result<String> {
             resolved.get(section).and_then(toml::Value::as_table)
         };
         for (i, key) in keys(section, problem, task).into_iter().enumerate() {
-            let (about, example) = doc(section, key, problem)
+            let (about, example) = doc(section, key, problem, task)
                 .unwrap_or_else(|| ("See the README's config schema.".into(), None));
             let value = start
                 .iter()
                 .find(|&&(s, k, _)| s == section && k == key)
-                .map(|&(_, _, l)| l.to_string())
+                .map(|(_, _, l)| l.clone())
                 .or_else(|| match section {
                     "problem" => fixed
                         .iter()
@@ -588,8 +571,9 @@ mod tests {
             for section in sections(task) {
                 for key in keys(section, problem, task) {
                     assert!(
-                        doc(section, key, problem).is_some(),
-                        "{problem}: [{section}] {key} has no comment in init::doc: add one"
+                        doc(section, key, problem, task).is_some(),
+                        "{problem}: [{section}] {key} has no comment in init::doc (a task's \
+                         own key: its doc comment in own_keys!): add one"
                     );
                     let n = listed
                         .iter()

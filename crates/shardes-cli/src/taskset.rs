@@ -6,9 +6,6 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 use shardes::finetune::{RewardTask, TextCodec, TextTask};
 use shardes::tasks::command::RewardCommand;
-use shardes::tasks::countdown::{CountdownConfig, CountdownTask, PromptStyle};
-use shardes::tasks::jsonl::JsonlTask;
-use shardes::tasks::target_token::{TargetToken, TargetTokenConfig};
 use shardes::tasks::{Task, TaskError};
 use shardes::tokenizer::Tokenizer;
 use shardes::Qwen2Weights;
@@ -16,7 +13,7 @@ use shardes::Qwen2Weights;
 use crate::config::{Config, ConfigError, ProblemConfig, TaskConfig};
 
 /// A task error as a config error naming the `[task]` key to change.
-pub fn task_error(e: TaskError) -> anyhow::Error {
+pub fn task_error(e: TaskError) -> ConfigError {
     let hint = match &e {
         TaskError::Config(_) => "change that [task] key".to_string(),
         TaskError::NoChatTemplate { .. } => {
@@ -29,7 +26,7 @@ pub fn task_error(e: TaskError) -> anyhow::Error {
         TaskError::Command(_) => "fix task.reward.command (see above)".into(),
         _ => "check the [task] section".into(),
     };
-    ConfigError::new(format!("task: {e}"), hint).into()
+    ConfigError::new(format!("task: {e}"), hint)
 }
 
 /// The reward program of `[task.reward]`, checked (it exists and is executable) but not
@@ -48,61 +45,24 @@ fn reward_command(t: &TaskConfig) -> Result<Option<RewardCommand>> {
     Ok(Some(command))
 }
 
-/// `task` as a reward task, rewarded by `command` when there is one.
-fn text_task<T: Task + 'static>(task: T, command: Option<RewardCommand>) -> Box<dyn RewardTask> {
+/// `task` as a reward task, rewarded by `command` when there is one (else by its own
+/// reward).
+pub fn text_task<T: Task + 'static>(
+    task: T,
+    command: Option<RewardCommand>,
+) -> Box<dyn RewardTask> {
     match command {
         Some(c) => Box::new(TextTask::with_command(task, c)),
         None => Box::new(TextTask::new(task)),
     }
 }
 
-/// The task of `t`; `vocab` is the model's vocabulary (for `target_token`).
+/// The task of `t`; `vocab` is the model's vocabulary (for `target_token`). How a task is
+/// built is the task's own (its module under `config/task/`); here only what is the same
+/// for every task: the reward program.
 pub fn task(t: &TaskConfig, vocab: usize) -> Result<Box<dyn RewardTask>> {
     let command = reward_command(t)?;
-    Ok(match t {
-        TaskConfig::Countdown(s) => {
-            let (d, own) = (CountdownConfig::default(), &s.own);
-            let style = match own.style.as_deref() {
-                Some("base") => PromptStyle::Base,
-                Some("compact") => PromptStyle::Compact,
-                _ => PromptStyle::Instruction,
-            };
-            let c = CountdownConfig {
-                min_numbers: own.min_numbers.unwrap_or(d.min_numbers),
-                max_numbers: own.max_numbers.unwrap_or(d.max_numbers),
-                min_number: own.min_number.unwrap_or(d.min_number),
-                max_number: own.max_number.unwrap_or(d.max_number),
-                max_target: own.max_target.unwrap_or(d.max_target),
-                eval_seed: own.eval_seed.unwrap_or(d.eval_seed),
-                prompt: style,
-            };
-            text_task(CountdownTask::new(c).map_err(task_error)?, command)
-        }
-        TaskConfig::Jsonl(s) => {
-            let train = s.own.train.as_deref().ok_or_else(|| {
-                ConfigError::new(
-                    "task \"jsonl\" needs task.train",
-                    "set task.train = \"FILE\"",
-                )
-            })?;
-            let task = JsonlTask::open(train, s.own.held_out.as_deref()).map_err(task_error)?;
-            text_task(task, command)
-        }
-        TaskConfig::TargetToken(s) => {
-            let token = s.own.token.ok_or_else(|| {
-                ConfigError::new("task \"target_token\" needs task.token", "set task.token")
-            })?;
-            let vocab = u32::try_from(vocab).unwrap_or(u32::MAX);
-            Box::new(
-                TargetToken::new(TargetTokenConfig {
-                    token,
-                    vocab,
-                    prompt_tokens: s.own.prompt_tokens.unwrap_or(4),
-                })
-                .map_err(task_error)?,
-            )
-        }
-    })
+    Ok(t.own().build(vocab, command)?)
 }
 
 /// The model path (a Hugging Face directory or a GGUF file, a named model resolved) and

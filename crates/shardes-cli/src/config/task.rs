@@ -18,33 +18,121 @@
 //! every = 10               # held-out evaluation every this many generations (0: start and end)
 //! prompts = 64             # held-out prompts per evaluation
 //! ```
+//!
+//! This module holds what is the same for every task: the keys every task reads, the
+//! reward program, `[eval]` and the checks of the raw table. What is a task's own lives in
+//! one module per task (`task/<name>.rs`, `countdown.rs` the fullest): its keys, declared
+//! with `own_keys!` (each key's doc comment is what `shardes init` writes above it), and
+//! its [`OwnKeys`] impl (its checks, its input files, how it is built, what its reward
+//! means). Its `mod` line and the [`TaskConfig`] variant naming its keys are all a task
+//! adds here.
 
 use std::ops::Deref;
 use std::path::PathBuf;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+use shardes::finetune::RewardTask;
+use shardes::tasks::command::RewardCommand;
 
 use super::keys::{self, TAG};
 use super::{nearest, ConfigError};
 
-/// `[task]`: one variant per task, chosen by `name`, so that a task's name and its keys
-/// are one definition. Each holds the settings every task reads, the task's own keys and
-/// the reward program, written in that order (the order earlier builds wrote, which the
-/// trajectory hash depends on).
-///
-/// A key that the named task does not read is refused before serde, with the list of keys
-/// it does read ([`TaskConfig::check_table`]). Unset keys stay `None` (the resolved config
-/// and the trajectory hash record what the user wrote); the accessors give the defaults.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(tag = "name", rename_all = "snake_case")]
-pub enum TaskConfig {
-    /// `countdown`: TinyZero's arithmetic puzzles.
-    Countdown(TaskSection<CountdownKeys>),
-    /// `jsonl`: prompts and answers from JSONL files.
-    Jsonl(TaskSection<JsonlKeys>),
-    /// `target_token`: random prompts, rewarded by how often one token id is generated.
-    TargetToken(TaskSection<TargetTokenKeys>),
+/// Declares a task's own keys: a struct whose every key is an `Option`, refused when the
+/// task does not read it, unset when absent and not written when unset (so that the
+/// resolved config and the trajectory hash record what the user wrote), and what `shardes
+/// init` writes for each ([`KeyDocs`]): the key's doc comment above it, then the key set
+/// to a starting value (`= needed(literal)`, a key without a default) or commented out
+/// with an example (`= optional(literal)`). A key without a doc comment does not compile
+/// ("no rules expected keyword `pub`").
+macro_rules! own_keys {
+    (
+        $(#[doc = $about:literal])*
+        pub struct $name:ident {
+            $(
+                $(#[doc = $doc:literal])+
+                pub $key:ident: Option<$ty:ty> = $shown:ident($value:literal),
+            )*
+        }
+    ) => {
+        $(#[doc = $about])*
+        #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq, Default)]
+        #[serde(deny_unknown_fields)]
+        pub struct $name {
+            $(
+                $(#[doc = $doc])*
+                #[serde(default, skip_serializing_if = "Option::is_none")]
+                pub $key: Option<$ty>,
+            )*
+        }
+
+        impl $crate::config::task::KeyDocs for $name {
+            fn docs(&self) -> &'static [$crate::config::task::KeyDoc] {
+                use $crate::config::task::KeyDoc;
+                const DOCS: &[KeyDoc] = &[
+                    $(KeyDoc::$shown(stringify!($key), concat!($($doc, "\n",)+), $value),)*
+                ];
+                DOCS
+            }
+        }
+    };
+}
+
+// One module per task: its keys (`own_keys!`) and its `OwnKeys` impl.
+mod countdown;
+mod jsonl;
+mod target_token;
+
+/// Declares [`TaskConfig`] with its one match over the tasks ([`TaskConfig::parts`]), so
+/// that a task's variant is one line of the invocation below, and no other code lists the
+/// tasks.
+macro_rules! tasks {
+    (
+        $(#[$attr:meta])*
+        pub enum TaskConfig {
+            $($(#[doc = $doc:literal])* $variant:ident($keys:ty),)*
+        }
+    ) => {
+        $(#[$attr])*
+        #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+        #[serde(tag = "name", rename_all = "snake_case")]
+        pub enum TaskConfig {
+            $($(#[doc = $doc])* $variant(TaskSection<$keys>),)*
+        }
+
+        impl TaskConfig {
+            /// The task's section as the code that is the same for every task reads it:
+            /// the one match over the tasks.
+            fn parts(&self) -> Parts<'_> {
+                match self {
+                    $(TaskConfig::$variant(s) => s.parts(),)*
+                }
+            }
+        }
+    };
+}
+
+tasks! {
+    /// `[task]`: one variant per task, chosen by `name`, so that a task's name and its keys
+    /// are one definition. Each holds the settings every task reads, the task's own keys
+    /// and the reward program, written in that order (the order earlier builds wrote, which
+    /// the trajectory hash depends on).
+    ///
+    /// A key that the named task does not read is refused before serde, with the list of
+    /// keys it does read ([`TaskConfig::check_table`]). Unset keys stay `None` (the resolved
+    /// config and the trajectory hash record what the user wrote); the accessors give the
+    /// defaults.
+    ///
+    /// A task's own keys, what they build and what its reward means are its module's
+    /// (`config/task/<name>.rs`, an [`OwnKeys`] impl).
+    pub enum TaskConfig {
+        /// `countdown`: TinyZero's arithmetic puzzles.
+        Countdown(countdown::CountdownKeys),
+        /// `jsonl`: prompts and answers from JSONL files.
+        Jsonl(jsonl::JsonlKeys),
+        /// `target_token`: random prompts, rewarded by how often one token id is generated.
+        TargetToken(target_token::TargetTokenKeys),
+    }
 }
 
 /// The `[task]` section of a task whose own keys are `K`.
@@ -96,8 +184,9 @@ pub struct TaskSettings {
     pub eos: Option<Vec<u32>>,
 }
 
-/// What a task's own keys tell the code that is the same for every task.
-pub trait OwnKeys {
+/// What a task's own keys tell the code that is the same for every task: everything the
+/// CLI knows of one task, implemented in its module beside its keys.
+pub trait OwnKeys: KeyDocs {
     /// Whether the completions are text, which `[task.reward]` may score (else token ids).
     fn text(&self) -> bool {
         true
@@ -110,107 +199,82 @@ pub trait OwnKeys {
     fn input_files(&self) -> Vec<(String, PathBuf)> {
         Vec::new()
     }
-}
-
-/// `countdown`'s own keys.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
-#[serde(deny_unknown_fields)]
-pub struct CountdownKeys {
-    /// Fewest numbers per puzzle (default 3).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub min_numbers: Option<usize>,
-    /// Most numbers per puzzle (default 4).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_numbers: Option<usize>,
-    /// Smallest number (default 1).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub min_number: Option<u32>,
-    /// Largest number (default 99).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_number: Option<u32>,
-    /// Targets lie in 1..=max_target (default 100).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_target: Option<i64>,
-    /// Seed of the held-out puzzles (default 0).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub eval_seed: Option<u64>,
-    /// `instruction` (default; for Instruct models, with `chat = true`), `base` (TinyZero's
-    /// framing for base models) or `compact` (a one-line prompt for tiny models).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub style: Option<String>,
-}
-
-impl OwnKeys for CountdownKeys {
-    fn check(&self) -> Result<(), ConfigError> {
-        match &self.style {
-            Some(style) if !["instruction", "base", "compact"].contains(&style.as_str()) => {
-                Err(ConfigError::new(
-                    format!("task.style = \"{style}\""),
-                    "use \"instruction\", \"base\" or \"compact\"",
-                ))
-            }
-            _ => Ok(()),
-        }
+    /// The library's task these keys configure; `vocab` is the model's vocabulary, and
+    /// `command` the reward program of `[task.reward]` that scores a text task's
+    /// completions instead of its built-in reward.
+    fn build(&self, vocab: usize, command: Option<RewardCommand>) -> Built;
+    /// Which rates the built-in reward defines beside the mean (default: none).
+    fn rates(&self) -> Rates {
+        Rates::default()
     }
 }
 
-/// `jsonl`'s own keys.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
-#[serde(deny_unknown_fields)]
-pub struct JsonlKeys {
-    /// The training file (`{"prompt": ..., "answer": ...}` per line).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub train: Option<PathBuf>,
-    /// The held-out file (default: the training file's lines marked held out).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub held_out: Option<PathBuf>,
+/// The value of `task.{key}`, which the task `task` needs (a key without a default), or the
+/// error that says so with `hint`.
+pub fn required<'a, T>(
+    value: &'a Option<T>,
+    task: &str,
+    key: &str,
+    hint: &str,
+) -> Result<&'a T, ConfigError> {
+    value
+        .as_ref()
+        .ok_or_else(|| ConfigError::new(format!("task \"{task}\" needs task.{key}"), hint))
 }
 
-impl OwnKeys for JsonlKeys {
-    fn check(&self) -> Result<(), ConfigError> {
-        match self.train {
-            None => Err(ConfigError::new(
-                "task \"jsonl\" needs task.train",
-                "set task.train to a JSONL file with one {\"prompt\": ..., \"answer\": ...} per line",
-            )),
-            Some(_) => Ok(()),
-        }
-    }
-    fn input_files(&self) -> Vec<(String, PathBuf)> {
-        let mut files = Vec::new();
-        if let Some(p) = &self.train {
-            files.push(("task.train".to_string(), p.clone()));
-        }
-        if let Some(p) = &self.held_out {
-            files.push(("task.held_out".to_string(), p.clone()));
-        }
-        files
-    }
+/// What [`OwnKeys::build`] gives: the task, or what to change in `[task]`.
+pub type Built = Result<Box<dyn RewardTask>, ConfigError>;
+
+/// What `shardes init` writes for each of a task's own keys, one entry per key, in the
+/// keys' order; [`own_keys!`] implements it from the keys' doc comments.
+pub trait KeyDocs {
+    /// One entry per own key.
+    fn docs(&self) -> &'static [KeyDoc];
 }
 
-/// `target_token`'s own keys.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
-#[serde(deny_unknown_fields)]
-pub struct TargetTokenKeys {
-    /// The id whose frequency in a completion is its reward.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub token: Option<u32>,
-    /// Tokens per (random) prompt (default 4).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub prompt_tokens: Option<usize>,
+/// Which rates beside the mean reward a reward defines (the columns of `shardes eval`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Rates {
+    /// Reward 1 means solved.
+    pub accuracy: bool,
+    /// Reward above 0 means well formed.
+    pub format: bool,
 }
 
-impl OwnKeys for TargetTokenKeys {
-    fn text(&self) -> bool {
-        false
+/// What `shardes init` writes for one of a task's own keys: a comment, then the key set or
+/// commented out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyDoc {
+    /// The key.
+    pub key: &'static str,
+    /// The comment above it: the key's doc comment, its lines joined (init wraps the words
+    /// again).
+    pub about: &'static str,
+    /// Whether a config must set it: then init sets it to `value`, a starting value (there
+    /// is no default to write); else init writes it commented out with `value` as the
+    /// example.
+    pub needed: bool,
+    /// A TOML literal: the starting value of a needed key, the example of another.
+    pub value: &'static str,
+}
+
+impl KeyDoc {
+    /// A key a config must set; init sets it to `start`.
+    pub const fn needed(key: &'static str, about: &'static str, start: &'static str) -> Self {
+        KeyDoc {
+            key,
+            about,
+            needed: true,
+            value: start,
+        }
     }
-    fn check(&self) -> Result<(), ConfigError> {
-        match self.token {
-            None => Err(ConfigError::new(
-                "task \"target_token\" needs task.token",
-                "set task.token to the id whose frequency is the reward",
-            )),
-            Some(_) => Ok(()),
+    /// An optional key; init writes it commented out as `key = example`.
+    pub const fn optional(key: &'static str, about: &'static str, example: &'static str) -> Self {
+        KeyDoc {
+            key,
+            about,
+            needed: false,
+            value: example,
         }
     }
 }
@@ -244,6 +308,12 @@ pub fn task_names() -> &'static [&'static str] {
 /// the config's order; empty for an unknown name.
 pub fn task_keys(name: &str) -> Vec<&'static str> {
     keys::named::<TaskConfig>(name).map_or_else(Vec::new, |t| t.keys())
+}
+
+/// What `shardes init` writes for each own key of the task `name`; empty for an unknown
+/// name.
+pub fn task_docs(name: &str) -> &'static [KeyDoc] {
+    keys::named::<TaskConfig>(name).map_or(&[], |t| t.own().docs())
 }
 
 /// `[task.reward]`: a program of the user's scores the completions
@@ -327,16 +397,6 @@ impl Default for EvalConfig {
 const MAX_DIM: usize = 1 << 20;
 
 impl TaskConfig {
-    /// The task's section as the code that is the same for every task reads it: the one
-    /// match over the tasks that code goes through.
-    fn parts(&self) -> Parts<'_> {
-        match self {
-            TaskConfig::Countdown(s) => s.parts(),
-            TaskConfig::Jsonl(s) => s.parts(),
-            TaskConfig::TargetToken(s) => s.parts(),
-        }
-    }
-
     /// The task's `name`.
     pub fn name(&self) -> &'static str {
         keys::name_of(self)
@@ -349,7 +409,23 @@ impl TaskConfig {
 
     /// Whether the task's completions are text (else token ids).
     pub fn text(&self) -> bool {
-        self.parts().own.text()
+        self.own().text()
+    }
+
+    /// The task's own keys: what the code that is the same for every task asks of the task
+    /// (how it is built, what its reward means, ...) goes through them.
+    pub fn own(&self) -> &dyn OwnKeys {
+        self.parts().own
+    }
+
+    /// The rates beside the mean reward that the task's reward defines: none where a
+    /// `[task.reward]` program scores (the user's program decides what a reward means),
+    /// else the built-in reward's.
+    pub fn rates(&self) -> Rates {
+        match self.reward() {
+            Some(_) => Rates::default(),
+            None => self.own().rates(),
+        }
     }
 
     /// The `[task]` keys this task reads besides `reward`: `name`, the keys every task
@@ -474,12 +550,12 @@ impl TaskConfig {
                 "set task.temperature above 0 to sample, or remove task.top_p",
             ));
         }
-        self.parts().own.check()
+        self.own().check()
     }
 
     /// The files whose contents the trajectory depends on, by key.
     pub fn input_files(&self) -> Vec<(String, PathBuf)> {
-        self.parts().own.input_files()
+        self.own().input_files()
     }
 }
 
@@ -559,6 +635,7 @@ impl EvalConfig {
 
 #[cfg(test)]
 mod tests {
+    use super::{keys, task_names, TaskConfig};
     use crate::config::Config;
 
     const BASE: &str = r#"
@@ -674,6 +751,20 @@ generations = 2
         for (extra, want) in cases {
             let e = parse(extra).unwrap_err();
             assert!(e.contains(want), "{extra:?}: {e}");
+        }
+    }
+
+    /// Each task documents each of its own keys for `shardes init` once, and nothing else
+    /// (a renamed key leaves no stale comment behind).
+    #[test]
+    fn every_own_key_has_one_doc() {
+        for name in task_names() {
+            let task = keys::named::<TaskConfig>(name).unwrap();
+            let mut documented: Vec<&str> = task.own().docs().iter().map(|d| d.key).collect();
+            documented.sort_unstable();
+            let mut own = task.parts().own_keys.to_vec();
+            own.sort_unstable();
+            assert_eq!(documented, own, "{name}: its own_keys! struct");
         }
     }
 
