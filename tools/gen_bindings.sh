@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# Regenerates crates/shardes-runtime/src/ffi.rs from the PJRT C API header that ships in the
-# pinned xla-cpu-pjrt wheel. Only maintainers run this: the generated file is committed so that a
-# normal build needs neither libclang nor network access.
+# Regenerates crates/shardes-runtime/src/ffi/ (the `ffi` module) from the PJRT C API header that
+# ships in the pinned xla-cpu-pjrt wheel. Only maintainers run this: the generated files are
+# committed so that a normal build needs neither libclang nor network access.
+#
+# Run it from anywhere: `tools/gen_bindings.sh`. bindgen writes the bindings as one file, which
+# tools/split_bindings.py then cuts along the header's sections (PARTS below) into a folder of
+# files, none over 900 lines (issue #38), with a mod.rs that re-exports them all.
 #
 # Needs: python3 with pip, bindgen (`cargo install bindgen-cli --locked`), libclang (e.g. Debian
 # `libclang-dev`). The wheel is fetched through pip with its hash pinned, so the header that the
@@ -14,7 +18,7 @@ WHEEL_SHA256=55837b6b7b47daa717f2d9a5a03563ea0ceaa338d06a81a1e2d3f060d960decc
 HEADER_IN_WHEEL=xla_plugins/xla_cpu_pjrt/include/pjrt_c_api.h
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUT="$ROOT/crates/shardes-runtime/src/ffi.rs"
+OUT="$ROOT/crates/shardes-runtime/src/ffi"
 BINDGEN="${BINDGEN:-bindgen}"
 
 TMP="$(mktemp -d)"
@@ -39,7 +43,7 @@ PY
   awk '/^\/\*/{p=1} p{print} /\*\//{if(p) exit}' "$TMP/pjrt_c_api.h" \
     | sed -e 's#^/\* \{0,1\}##' -e 's#^=*\*/$##' -e 's#^#// #' -e 's# *$##'
   echo
-  # C names and unused items are the header's: the lints are off for this file alone.
+  # C names and unused items are the header's: the lints are off for these files alone.
   # (written as rustfmt writes it, so that the file passes cargo fmt --check)
   printf '%s\n' '#![allow(' '    non_upper_case_globals,' '    non_camel_case_types,' '    non_snake_case,' '    dead_code,' '    missing_docs,' '    clippy::all' ')]'
   echo
@@ -51,6 +55,19 @@ PY
     --default-enum-style consts \
     --rust-target 1.80 \
     -- -x c -std=c11
-} > "$OUT.tmp"
-mv "$OUT.tmp" "$OUT"
+} > "$TMP/ffi.rs"
+
+# name:FirstItem:doc, in the header's order; each part starts at the item named. A header that
+# moves or renames one of these items makes the split fail, as does a part over 900 lines.
+PARTS=(
+  "base::API versions, the extension chain, errors, named values, plugin attributes, events and the opaque handles of the C API."
+  "client:PJRT_KeyValueGetCallback_ValueDeleter:The client: creation (with its key-value store callbacks), devices, compiling, host-to-device transfer managers, element types and memory layouts, and the buffers a client creates."
+  "execute:PJRT_DeviceDescription_Id_Args:Device descriptions, devices and memories; execute contexts, executables and loaded executables (execution with its options and send/receive callbacks, properties, serialization)."
+  "buffer:PJRT_Buffer_Destroy_Args:Buffers and copy-to-device streams, topology descriptions and compiling against a topology, and \`PJRT_Api\`, the function table a plugin's \`GetPjrtApi\` returns."
+)
+python3 "$ROOT/tools/split_bindings.py" "$TMP/ffi.rs" "$TMP/ffi" \
+  "The PJRT C API bindings, cut by tools/split_bindings.py along the header's sections into the parts below so that no file passes 900 lines; every item is re-exported here, so \`ffi::Name\` names it wherever it sits." \
+  "${PARTS[@]}"
+rm -rf "$OUT"
+mv "$TMP/ffi" "$OUT"
 echo "wrote $OUT"

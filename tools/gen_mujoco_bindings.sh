@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Regenerates crates/shardes-mujoco/src/ffi.rs from the MuJoCo C headers that ship in
-# the pinned mujoco-core wheel. Only maintainers run this: the generated file is committed so
-# that a normal build needs neither libclang, the headers nor network access (the library
-# itself is opened at run time, see crates/shardes-mujoco/src/raw.rs).
+# Regenerates crates/shardes-mujoco/src/ffi/ (the `ffi` module) from the MuJoCo C headers that
+# ship in the pinned mujoco-core wheel. Only maintainers run this: the generated files are
+# committed so that a normal build needs neither libclang, the headers nor network access (the
+# library itself is opened at run time, see crates/shardes-mujoco/src/raw.rs).
+#
+# Run it from anywhere: `tools/gen_mujoco_bindings.sh`. bindgen writes the bindings as one file,
+# which tools/split_bindings.py then cuts into a folder of files (PARTS below), none over 900
+# lines (issue #38), with a mod.rs that re-exports them all.
 #
 # Needs: python3 with pip, bindgen (`cargo install bindgen-cli --locked`), libclang (e.g. Debian
 # `libclang-dev`). The wheel is fetched through pip with its hash pinned, so the headers the
@@ -17,7 +21,7 @@ SELECT=(--platform manylinux_2_28_x86_64 --python-version 3.11 --implementation 
 INCLUDE_IN_WHEEL=mujoco/include
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUT="$ROOT/crates/shardes-mujoco/src/ffi.rs"
+OUT="$ROOT/crates/shardes-mujoco/src/ffi"
 BINDGEN="${BINDGEN:-bindgen}"
 
 TMP="$(mktemp -d)"
@@ -50,7 +54,7 @@ FUNCTIONS='mj_loadXML|mj_makeData|mj_deleteModel|mj_deleteData|mj_resetData|mj_s
   awk '/^\/\/ Copyright/{p=1} p&&/^\/\//{print; next} p{exit}' "$TMP/include/mujoco/mujoco.h" \
     | sed -e 's# *$##'
   echo
-  # C names and unused items are the header's: the lints are off for this file alone.
+  # C names and unused items are the header's: the lints are off for these files alone.
   # (written as rustfmt writes it, so that the file passes cargo fmt --check)
   printf '%s\n' '#![allow(' '    non_upper_case_globals,' '    non_camel_case_types,' '    non_snake_case,' '    dead_code,' '    missing_docs,' '    unsafe_code,' '    clippy::all' ')]'
   echo
@@ -66,6 +70,17 @@ FUNCTIONS='mj_loadXML|mj_makeData|mj_deleteModel|mj_deleteData|mj_resetData|mj_s
     --default-enum-style consts \
     --rust-target 1.80 \
     -- -x c -std=c11 -I"$TMP/include"
-} > "$OUT.tmp"
-mv "$OUT.tmp" "$OUT"
+} > "$TMP/ffi.rs"
+
+# name:FirstItem:doc, in bindgen's order; each part starts at the item named. Headers that move
+# or rename one of these items make the split fail, as does a part over 900 lines.
+PARTS=(
+  "model::Scalar types, the enums shardes reads (joints, objects, warnings), the small structs \`mjModel\` embeds (options, visual settings, statistics) and \`mjModel\`, the compiled model: sizes, options and every per-object array."
+  "data:mjContact_:\`mjData\`, one simulation's state, with the contact and diagnostic structs it embeds, and \`MujocoLib\`, the library opened at run time with its function table (bindgen's \`--dynamic-loading\`)."
+)
+python3 "$ROOT/tools/split_bindings.py" "$TMP/ffi.rs" "$TMP/ffi" \
+  "The MuJoCo bindings, cut by tools/split_bindings.py into the parts below so that no file passes 900 lines; every item is re-exported here, so \`ffi::Name\` names it wherever it sits." \
+  "${PARTS[@]}"
+rm -rf "$OUT"
+mv "$TMP/ffi" "$OUT"
 echo "wrote $OUT"
