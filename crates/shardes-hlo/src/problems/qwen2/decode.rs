@@ -12,7 +12,7 @@ use crate::decode::{DecodeShape, Decoder, StepAt};
 use crate::es::{EsError, ModelParams};
 use crate::nn::{self, Act};
 
-use super::layers::{layer_of, put_layer, LayerStack};
+use super::layers::{layer_of, put_layer, with_members, LayerStack};
 use super::{apply_rope, convert, repeat_kv, reshape, rewrap, rope_tables, transpose, Qwen2};
 
 /// The error of a looped step handed an unstacked cache.
@@ -23,6 +23,16 @@ fn stacked_cache_err() -> EsError {
             .into(),
         fix: "pass the cache the prefill returned, built with the same layers setting".into(),
     }
+}
+
+/// The keys and values a step's attention reads and writes its token into: one layer's
+/// (`[R, KV, S, hd]` each), or the `[L, …]` stacks of a layer loop at layer `i`, where
+/// the token is written into the stack in place and only the layer's slice is read, so
+/// that no layer's cache is copied back into the stack (at 256 rows that copy moved
+/// 63 MB a layer, every token).
+enum StepCache<'a> {
+    Layer(Act, Act),
+    Stack { k: Act, v: Act, i: &'a Value },
 }
 
 /// `a` with the members of `like` (broadcast if `a` is shared and `like` is not).
@@ -138,14 +148,14 @@ impl Qwen2 {
     }
 
     /// Self-attention of one token per row at `at`, its keys and values written into
-    /// the layer's cache: the output and the cache.
+    /// the cache: the output and the cache (the layer's, or the stacks).
     fn step_attention(
         &self,
         p: &ModelParams,
         l: usize,
         h: &Act,
         at: &StepAt,
-        (kc, vc): (Act, Act),
+        cache: StepCache,
     ) -> Result<(Act, Act, Act), EsError> {
         let c = &self.config;
         let (nh, nkv, hd) = (
@@ -162,10 +172,11 @@ impl Qwen2 {
         let (cos, sin) = (table(cos)?, table(sin)?);
         let q = apply_rope(&q, &cos, &sin)?;
         let k = apply_rope(&k, &cos, &sin)?;
+        let zero = f.scalar(0i32)?;
+        // The token `x` ([R, KV, 1, hd]) written at the step's slot of `cache`, one layer's.
         let write = |cache: &Act, x: &Act| -> Result<Act, EsError> {
             let cache = members_like(cache, x)?;
             let x = members_like(x, &cache)?;
-            let zero = f.scalar(0i32)?;
             let mut at_slot = vec![zero.clone(); cache.value().rank()];
             let r = at_slot.len();
             at_slot[r - 2] = at.slot.clone();
@@ -175,12 +186,38 @@ impl Qwen2 {
                 cache.value().dynamic_update_slice(x.value(), &refs)?,
             )
         };
-        let (kc, vc) = (write(&kc, &k)?, write(&vc, &v)?);
+        // The token written at layer `i` and the step's slot of a `[L, …]` stack, which
+        // keeps the members the loop carries.
+        let write_at = |stack: &Act, x: &Act, i: &Value| -> Result<Act, EsError> {
+            let x = with_members(x, stack.members())?;
+            let off = usize::from(stack.members().is_some());
+            let mut shape = x.value().shape().to_vec();
+            shape.insert(off, 1);
+            let mut starts = vec![zero.clone(); stack.value().rank()];
+            let r = starts.len();
+            starts[off] = i.clone();
+            starts[r - 2] = at.slot.clone();
+            let refs: Vec<&Value> = starts.iter().collect();
+            let token = x.value().reshape(&shape)?;
+            rewrap(stack, stack.value().dynamic_update_slice(&token, &refs)?)
+        };
+        // The caches to return, and the layer's keys and values to attend over.
+        let ((kc, vc), (kl, vl)) = match cache {
+            StepCache::Layer(kc, vc) => {
+                let (kc, vc) = (write(&kc, &k)?, write(&vc, &v)?);
+                ((kc.clone(), vc.clone()), (kc, vc))
+            }
+            StepCache::Stack { k: ks, v: vs, i } => {
+                let (ks, vs) = (write_at(&ks, &k, i)?, write_at(&vs, &v, i)?);
+                let layer = (layer_of(&ks, i)?, layer_of(&vs, i)?);
+                ((ks, vs), layer)
+            }
+        };
         // Query heads h = kv·rep + j read KV head kv: [R, H, 1, hd] -> [R, KV, rep, hd].
         let rep = nh / nkv;
         let qg = reshape(&q, &[rows, nkv, rep, hd])?;
-        let slots = kc.logical_shape()[2];
-        let scores = qg.bmm(&kc, true)?.scale(1.0 / (hd as f64).sqrt())?;
+        let slots = kl.logical_shape()[2];
+        let scores = qg.bmm(&kl, true)?.scale(1.0 / (hd as f64).sqrt())?;
         let bias = at
             .visible
             .select(
@@ -189,7 +226,7 @@ impl Qwen2 {
             )?
             .reshape(&[rows, 1, 1, slots])?;
         let a = scores.add(&Act::shared(bias))?.softmax_last()?;
-        let o = reshape(&a.bmm(&vc, false)?, &[rows, nh, 1, hd])?;
+        let o = reshape(&a.bmm(&vl, false)?, &[rows, nh, 1, hd])?;
         Ok((self.out_proj(p, l, &o)?, kc, vc))
     }
 
@@ -224,7 +261,7 @@ impl Qwen2 {
         l: usize,
         x: &Act,
         at: &StepAt,
-        kv: (Act, Act),
+        kv: StepCache,
     ) -> Result<(Act, Act, Act), EsError> {
         let pre = format!("model.layers.{l}");
         let h = self.rms_norm(
@@ -371,9 +408,9 @@ impl Decoder for Qwen2 {
         if let Some(stack) = stack {
             let body = |lp: &ModelParams, l: usize, i: &Value, x: &Act, st: Vec<Act>| {
                 let [kc, vc] = <[Act; 2]>::try_from(st).map_err(|_| stacked_cache_err())?;
-                let kv = (layer_of(&kc, i)?, layer_of(&vc, i)?);
+                let kv = StepCache::Stack { k: kc, v: vc, i };
                 let (y, k, v) = self.step_layer(lp, l, x, at, kv)?;
-                Ok((y, vec![put_layer(&kc, i, &k)?, put_layer(&vc, i, &v)?]))
+                Ok((y, vec![k, v]))
             };
             (x, out) = self.run_layers(&stack, p, x, it.collect(), &body)?;
         } else {
@@ -384,7 +421,7 @@ impl Decoder for Qwen2 {
                         fix: "pass the cache the prefill returned".into(),
                     });
                 };
-                let (y, k, v) = self.step_layer(p, l, &x, at, (k, v))?;
+                let (y, k, v) = self.step_layer(p, l, &x, at, StepCache::Layer(k, v))?;
                 out.push(k);
                 out.push(v);
                 x = y;
