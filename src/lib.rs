@@ -9,6 +9,8 @@
 //! - [`problem`] turns a problem description into a model, parameters, a batch and a key;
 //! - [`population`] keeps an ES run's state on the devices and steps it, one runner
 //!   ([`Population`]) whatever its fitness comes from and whoever holds its members;
+//! - [`session`] runs a training run's generations over any population: metrics lines,
+//!   checkpoints, held-out evaluations, divergence checks, stop signals, resume;
 //! - [`decode`] decodes prompts under every member's perturbation ([`PopulationDecoder`]);
 //! - [`distributed`] runs one population across processes (MPI with the feature `mpi`);
 //! - [`io`] reads and writes parameter trees as safetensors;
