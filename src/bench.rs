@@ -25,6 +25,7 @@ use shardes_hlo::prng::Key;
 use shardes_hlo::problems::transformer_block::TransformerBlock;
 use shardes_runtime::{gather_rows, Buffer, Client, CompileOptions, Executable};
 
+use crate::population::{CompileWhen, Place, Start};
 use crate::state::DeviceState;
 use crate::{Error, SplitTrainer, Trainer};
 
@@ -405,6 +406,12 @@ pub fn run(
         .ok_or_else(|| Error::Invalid("no ES variant to benchmark; pass at least one".into()))?;
     let devices = first.devices();
     let k = options.generations_per_dispatch.max(1);
+    // Every variant's state and the `ask + apply` timing's start where the run would.
+    let start = Start {
+        key: input.key,
+        batch: input.batch,
+        generation: 0,
+    };
     let mut trainers = Vec::new();
     let mut variants = Vec::new();
     for es in &input.variants {
@@ -414,9 +421,7 @@ pub fn run(
             es,
             input.model,
             input.params,
-            input.key,
-            input.batch,
-            0,
+            start,
             k,
         )?;
         let times = t.build_times();
@@ -444,8 +449,16 @@ pub fn run(
     // `ask + apply` alone (the generation without `tell` and the update): the split
     // population's program on the same state, evaluated and never told, so its tell is
     // never compiled.
-    let start = (input.key, input.batch, 0);
-    let apply = SplitTrainer::evaluating(input.client, first, input.model, input.params, start)?;
+    let (place, when) = (Place::Alone, CompileWhen::FirstUse);
+    let apply = SplitTrainer::placed(
+        input.client,
+        first,
+        input.model,
+        input.params,
+        start,
+        place,
+        when,
+    )?;
     progress("warm-up", 0, options.warmup);
     for w in 0..options.warmup {
         for t in &mut trainers {

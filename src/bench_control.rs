@@ -45,23 +45,34 @@ pub struct Reference {
     pub policy_secs: f64,
 }
 
-/// The benchmark of an in-program environment.
+/// What both control benchmarks measure: the population and episodes a generation runs,
+/// its time and the environment steps per second. Flattened into each report, so the
+/// JSON keeps these fields at its top level.
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct InProgramReport {
-    /// The environment.
-    pub env: String,
-    /// Members, episodes per member, steps per episode, devices.
+pub struct ControlRun {
+    /// Members.
     pub n: usize,
     /// Episodes per member.
     pub episodes: usize,
-    /// Steps per episode.
+    /// Steps per episode (at most, where an episode can end early).
     pub steps: usize,
     /// Devices.
     pub devices: usize,
     /// Generation time, ms.
     pub generation_ms: Stats,
-    /// `n · E · T` over the median generation time.
+    /// Environment steps per second: in the program `n · E · T` over the median generation
+    /// time; on MuJoCo the episode steps simulated over the generations' total time.
     pub env_steps_per_s: f64,
+}
+
+/// The benchmark of an in-program environment.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct InProgramReport {
+    /// The environment.
+    pub env: String,
+    /// The population, the generation time and the steps per second.
+    #[serde(flatten)]
+    pub run: ControlRun,
     /// The plain-Rust loop (cart-pole balance only).
     pub reference: Option<Reference>,
 }
@@ -71,18 +82,9 @@ pub struct InProgramReport {
 pub struct MjcfReport {
     /// The model file.
     pub model: String,
-    /// Members.
-    pub n: usize,
-    /// Episodes per member.
-    pub episodes: usize,
-    /// Steps per episode at most.
-    pub steps: usize,
-    /// Devices.
-    pub devices: usize,
-    /// Generation time, ms.
-    pub generation_ms: Stats,
-    /// Episode steps simulated over the generations' total time.
-    pub env_steps_per_s: f64,
+    /// The population, the generation time and the steps per second.
+    #[serde(flatten)]
+    pub run: ControlRun,
     /// Of the generations' time: host simulations, device policy evaluations, tell.
     pub sim_secs: f64,
     /// Device policy evaluations, s.
@@ -134,12 +136,14 @@ pub fn in_program(
         .transpose()?;
     Ok(InProgramReport {
         env: control.env().name().into(),
-        n: es.n(),
-        episodes: control.episodes(),
-        steps: control.episode_length(),
-        devices: es.devices(),
-        env_steps_per_s: steps as f64 / (generation_ms.median / 1e3).max(1e-12),
-        generation_ms,
+        run: ControlRun {
+            n: es.n(),
+            episodes: control.episodes(),
+            steps: control.episode_length(),
+            devices: es.devices(),
+            env_steps_per_s: steps as f64 / (generation_ms.median / 1e3).max(1e-12),
+            generation_ms,
+        },
         reference,
     })
 }
@@ -242,12 +246,14 @@ pub fn mjcf(
     )?;
     Ok(MjcfReport {
         model: control.env().path().display().to_string(),
-        n: es.n(),
-        episodes: control.spec().episodes(),
-        steps: control.spec().episode_length(),
-        devices: es.devices(),
-        generation_ms: Stats::of(&ms),
-        env_steps_per_s: steps as f64 / (sim + pol + tell).max(1e-12),
+        run: ControlRun {
+            n: es.n(),
+            episodes: control.spec().episodes(),
+            steps: control.spec().episode_length(),
+            devices: es.devices(),
+            generation_ms: Stats::of(&ms),
+            env_steps_per_s: steps as f64 / (sim + pol + tell).max(1e-12),
+        },
         sim_secs: sim,
         policy_secs: pol,
         tell_secs: tell,

@@ -24,7 +24,7 @@ use shardes_hlo::params::{Array, ParamTree};
 use shardes_hlo::prng::{key, Key};
 use shardes_runtime::Client;
 
-use crate::population::{HostFitness, Losses, Population};
+use crate::population::{CompileWhen, HostFitness, Losses, Place, Population, Start};
 use crate::Error;
 
 pub mod coordinates;
@@ -177,8 +177,14 @@ pub fn central_differences(
     // Nothing random is drawn (the directions are coordinates): any key serves.
     let k = key(0).map_err(|e| Error::Invalid(e.to_string()))?;
     // Evaluated only, never told: the tell is never compiled.
+    let start = Start {
+        key: k,
+        batch,
+        generation: 0,
+    };
+    let (place, when) = (Place::Alone, CompileWhen::FirstUse);
     let f =
-        Population::<Losses>::evaluating(client, &es, model, params, (k, batch, 0))?.evaluate()?;
+        Population::<Losses>::placed(client, &es, model, params, start, place, when)?.evaluate()?;
     let mut out = Vec::with_capacity(d as usize);
     let mut c = 0;
     for (_, a) in params.leaves() {

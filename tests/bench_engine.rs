@@ -12,6 +12,7 @@ use shardes::hlo::es::strategy::{LowRank, Mirrored, SeedRegenerated};
 use shardes::hlo::es::{How, ShardedES, Strategy};
 use shardes::hlo::prng::{fold_in, key};
 use shardes::hlo::problems::transformer_block::TransformerBlock;
+use shardes::population::Start;
 use shardes::runtime::Client;
 use shardes::Trainer;
 use support::rel_norm_diff;
@@ -41,8 +42,13 @@ fn multi_matches_single(strategy: fn() -> Box<dyn Strategy>, devices: usize) {
     for _ in 0..steps {
         last_single = single.step().unwrap();
     }
+    let start = Start {
+        key: k0,
+        batch: &batch,
+        generation: 5,
+    };
     let mut multi =
-        Trainer::with_generations_per_dispatch(&client, &es1, &TINY, &params, k0, &batch, 5, steps)
+        Trainer::with_generations_per_dispatch(&client, &es1, &TINY, &params, start, steps)
             .unwrap();
     let last_multi = multi.step().unwrap();
     assert_eq!(single.generation(), 5 + steps as u32);

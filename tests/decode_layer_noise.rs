@@ -13,9 +13,10 @@
 //! chunk's stacks and its branches of the `case`s that hand the loop its rows (two ops per
 //! noise value), far fewer than its leaves' draws.
 
+mod support;
+
 use shardes::hlo::builder::{TensorType, Value};
 use shardes::hlo::decode::{DecodeShape, DecodeSpec, Decoder};
-use shardes::hlo::es::strategy::from_spec;
 use shardes::hlo::es::{
     leaf_infos, ChunkPolicy, EsError, LayerLeaves, MemberInfo, MemberOutputs, ModelParams,
     ShardedES,
@@ -25,7 +26,7 @@ use shardes::hlo::params::ParamTree;
 use shardes::hlo::prng::{fold_in, key};
 use shardes::hlo::problems::qwen2::{Layers, Qwen2, Qwen2Config};
 use shardes::runtime::Client;
-use shardes::{HostArray, HostFitness, OutputsRunner};
+use shardes::{HostArray, OutputsRunner};
 
 const N: usize = 8;
 const B: usize = 2;
@@ -96,14 +97,7 @@ impl MemberOutputs for Prefill {
 }
 
 fn es(strategy: &str, devices: usize) -> ShardedES {
-    ShardedES::new(
-        from_spec(&strategy.parse().unwrap()),
-        N,
-        0.05,
-        0.01,
-        devices,
-    )
-    .unwrap()
+    support::sharded::es(strategy, N, 0.05, 0.01, devices)
 }
 
 /// The tiny preset with `layers` layers, looped, and weights large enough for peaked
@@ -189,12 +183,11 @@ fn slow_layer_noise_drawn_once_per_chunk_decodes_the_per_leaf_bits() {
                 .chunks(B * T)
                 .map(|m| m.iter().filter(|&&x| x % 2 == 0).count() as f32)
                 .collect();
-            new.tell(&HostFitness::F32(fitness.clone())).unwrap();
-            old.tell(&HostFitness::F32(fitness)).unwrap();
-            assert_eq!(
-                new.params().unwrap(),
-                old.params().unwrap(),
-                "{what}: parameters after tell"
+            support::tell_both(
+                &mut new,
+                &mut old,
+                fitness,
+                &format!("{what}: parameters after tell"),
             );
         }
     }

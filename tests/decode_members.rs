@@ -14,7 +14,6 @@
 mod support;
 
 use shardes::hlo::decode::{DecodeShape, DecodeSpec};
-use shardes::hlo::es::strategy::from_spec;
 use shardes::hlo::es::ShardedES;
 use shardes::hlo::params::ParamTree;
 use shardes::hlo::prng::{fold_in, key, Key};
@@ -48,16 +47,9 @@ fn prompts(seed: u64, vocab: usize) -> Vec<i32> {
 }
 
 fn es(strategy: &str, devices: usize) -> ShardedES {
-    ShardedES::new(
-        from_spec(&strategy.parse().unwrap()),
-        N,
-        SIGMA,
-        0.01,
-        devices,
-    )
-    .unwrap()
-    // Chunks dividing n / 8: the tokens are the same bits on 1 and 8 devices.
-    .with_device_invariant(true)
+    support::sharded::es(strategy, N, SIGMA, 0.01, devices)
+        // Chunks dividing n / 8: the tokens are the same bits on 1 and 8 devices.
+        .with_device_invariant(true)
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -15,7 +15,6 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use shardes::decode::{load_qwen2, Bounded, DecodeConfig, DecodeError, Decoded, Sampling};
 use shardes::hlo::builder::DType;
-use shardes::hlo::es::strategy::from_spec;
 use shardes::hlo::es::ShardedES;
 use shardes::hlo::params::ParamTree;
 use shardes::hlo::prng::key;
@@ -34,16 +33,9 @@ fn model() -> (Qwen2Config, ParamTree) {
 }
 
 fn es(devices: usize) -> ShardedES {
-    ShardedES::new(
-        from_spec(&"mirrored(lowrank(r=1))".parse().unwrap()),
-        N,
-        0.05,
-        0.01,
-        devices,
-    )
-    .unwrap()
-    // Chunks dividing n / 8: the tokens are the same bits on 1 and 8 devices.
-    .with_device_invariant(true)
+    support::sharded::es("mirrored(lowrank(r=1))", N, 0.05, 0.01, devices)
+        // Chunks dividing n / 8: the tokens are the same bits on 1 and 8 devices.
+        .with_device_invariant(true)
 }
 
 fn decoder(

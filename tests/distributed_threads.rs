@@ -19,7 +19,7 @@ use shardes::distributed::{params_digest, threads};
 use shardes::hlo::es::{EsSpec, How, SigmaPatterns};
 use shardes::hlo::params::ParamTree;
 use shardes::hlo::prng::key;
-use shardes::population::Place;
+use shardes::population::{CompileWhen, Place, Start};
 use shardes::runtime::Client;
 use shardes::{HostFitness, SplitTrainer, Trainer};
 use support::tiny::{mlp_batch, mlp_params, Mlp};
@@ -58,8 +58,21 @@ fn processes(spec: &EsSpec, processes: usize, hosts: How) -> Vec<(Vec<Vec<f32>>,
         let client = Client::cpu(8 / processes).expect("devices");
         let (params, batch, k) = (mlp_params(1), mlp_batch(2), key(7).unwrap());
         let place = Place::Group(&dist, hosts);
-        let mut t = SplitTrainer::placed(&client, &es, &Mlp::PLAIN, &params, k, &batch, 0, place)
-            .expect("process trainer");
+        let start = Start {
+            key: k,
+            batch: &batch,
+            generation: 0,
+        };
+        let mut t = SplitTrainer::placed(
+            &client,
+            &es,
+            &Mlp::PLAIN,
+            &params,
+            start,
+            place,
+            CompileWhen::Now,
+        )
+        .expect("process trainer");
         assert_eq!(t.members(), dist.members(64));
         let fitness = (0..GENERATIONS)
             .map(|_| t.step_in(&dist).expect("step"))
@@ -196,10 +209,13 @@ fn processes_that_hold_different_parameters_are_stopped_naming_the_generation() 
             &es,
             &Mlp::PLAIN,
             &params,
-            key(7).unwrap(),
-            &mlp_batch(2),
-            0,
+            Start {
+                key: key(7).unwrap(),
+                batch: &mlp_batch(2),
+                generation: 0,
+            },
             Place::Group(&dist, How::A),
+            CompileWhen::Now,
         )
         .expect("process trainer");
         t.step_in(&dist).expect("step");
@@ -241,10 +257,13 @@ fn a_reward_loop_scores_its_own_members_and_gathers_them() {
             &es8,
             &Mlp::PLAIN,
             &params,
-            k,
-            &batch,
-            0,
+            Start {
+                key: k,
+                batch: &batch,
+                generation: 0,
+            },
             Place::Group(&dist, How::B),
+            CompileWhen::Now,
         )
         .expect("process trainer");
         for _ in 0..2 {

@@ -7,8 +7,7 @@
 
 mod support;
 
-use shardes::hlo::es::strategy::from_spec;
-use shardes::hlo::es::{Optimizer, ShardedES};
+use shardes::hlo::es::Optimizer;
 use shardes::hlo::prng::key;
 use shardes::runtime::{Client, CompileCache};
 use shardes::Trainer;
@@ -17,16 +16,9 @@ use support::tiny::{mlp_on_8_devices, Mlp};
 /// Three generations on `client`: every fitness and the final parameters, as bits.
 fn three_generations(client: &Client) -> (Vec<Vec<u32>>, Vec<Vec<u32>>) {
     let (_, params, batch) = mlp_on_8_devices();
-    let es = ShardedES::new(
-        from_spec(&"mirrored(lowrank(r=1))".parse().unwrap()),
-        64,
-        0.1,
-        0.5,
-        8,
-    )
-    .unwrap()
-    .with_optimizer(Optimizer::adam())
-    .unwrap();
+    let es = support::sharded::es("mirrored(lowrank(r=1))", 64, 0.1, 0.5, 8)
+        .with_optimizer(Optimizer::adam())
+        .unwrap();
     let mut t = Trainer::with_state(
         client,
         &es,

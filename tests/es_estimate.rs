@@ -8,14 +8,26 @@
 //! relative (the update rounds `θ − ĝ` once); unbiasedness `‖ḡ − g‖ ≤ 4 se + 1e-4 ‖g‖` (the
 //! slack covers couplings whose estimate is exact, se = 0).
 
+mod support;
+
 use shardes::estimate::{central_differences, cosine, flatten, Estimator, Quality};
 use shardes::hlo::es::{EsSpec, ShapingSpec};
 use shardes::hlo::params::{Array, ParamTree};
 use shardes::hlo::prng::{fold_in, key, normal};
-use shardes::hlo::problems::quadratic::Quadratic;
+use shardes::hlo::problems::quadratic::{Quadratic, QuadraticInstance};
 use shardes::problem::quadratic::quadratic_instance;
 use shardes::runtime::Client;
 use shardes::{Problem, Trainer};
+use support::distance;
+
+/// The `rows × cols` quadratic of condition 10, its problem and its instance (the gradient's
+/// truth), all from `seed`.
+fn quadratic(rows: usize, cols: usize, seed: u64) -> (Quadratic, Problem, QuadraticInstance) {
+    let q = Quadratic::new(rows, cols, 10.0).unwrap();
+    let p = Problem::quadratic(q, seed).unwrap();
+    let inst = quadratic_instance(q, seed).unwrap();
+    (q, p, inst)
+}
 
 fn spec(strategy: &str, n: usize) -> EsSpec {
     let mut s = EsSpec::new(n, 0.05, 1.0);
@@ -44,19 +56,12 @@ fn somewhere(q: &Quadratic) -> ParamTree {
 #[test]
 fn central_differences_equal_the_quadratic_gradient() {
     let client = Client::cpu(4).unwrap();
-    let q = Quadratic::new(6, 4, 10.0).unwrap();
-    let p = Problem::quadratic(q, 5).unwrap();
-    let inst = quadratic_instance(q, 5).unwrap();
+    let (q, p, inst) = quadratic(6, 4, 5);
     for params in [p.params.clone(), somewhere(&q)] {
         let truth = inst.gradient(&params).unwrap();
         let fd = central_differences(&client, 4, &q, &params, &p.batch, 1e-2).unwrap();
         assert_eq!(fd.len(), 6 * 4 + 4);
-        let err: f64 = fd
-            .iter()
-            .zip(&truth)
-            .map(|(a, b)| (a - b).powi(2))
-            .sum::<f64>()
-            .sqrt();
+        let err = distance(&fd, &truth);
         let norm: f64 = truth.iter().map(|x| x * x).sum::<f64>().sqrt();
         assert!(err <= 1e-3 * norm, "{err} vs {norm}");
         assert!(cosine(&fd, &truth) > 0.99999);
@@ -87,12 +92,7 @@ fn the_estimate_is_the_generation_update_at_lr_1() {
             .zip(flatten(&t.params().unwrap()))
             .map(|(a, b)| a - b)
             .collect();
-        let diff: f64 = step
-            .iter()
-            .zip(&g.gradient)
-            .map(|(a, b)| (a - b).powi(2))
-            .sum::<f64>()
-            .sqrt();
+        let diff = distance(&step, &g.gradient);
         let norm: f64 = g.gradient.iter().map(|x| x * x).sum::<f64>().sqrt();
         assert!(diff <= 1e-6 * norm.max(1.0), "{strategy}: {diff} vs {norm}");
     }
@@ -130,9 +130,7 @@ fn repeats(
 #[test]
 fn the_mean_estimate_is_unbiased_for_each_coupling() {
     let client = Client::cpu(2).unwrap();
-    let q = Quadratic::new(5, 3, 10.0).unwrap();
-    let p = Problem::quadratic(q, 8).unwrap();
-    let inst = quadratic_instance(q, 8).unwrap();
+    let (q, p, inst) = quadratic(5, 3, 8);
     let params = somewhere(&q);
     let truth = inst.gradient(&params).unwrap();
     for strategy in [
@@ -159,9 +157,7 @@ fn the_mean_estimate_is_unbiased_for_each_coupling() {
 #[ignore = "statistical tier"]
 fn stat_cosine_on_the_quadratic_rises_with_n() {
     let client = Client::cpu(2).unwrap();
-    let q = Quadratic::new(16, 8, 10.0).unwrap();
-    let p = Problem::quadratic(q, 3).unwrap();
-    let inst = quadratic_instance(q, 3).unwrap();
+    let (q, p, inst) = quadratic(16, 8, 3);
     let truth = inst.gradient(&p.params).unwrap();
     let d = (16 * 8 + 8) as f64;
     for strategy in [

@@ -22,6 +22,7 @@ use shardes::hlo::es::strategy::from_spec;
 use shardes::hlo::es::{EsSpec, Optimizer, OptimizerKind, ShardedES, StrategySpec};
 use shardes::hlo::params::{Array, ParamTree};
 use shardes::hlo::prng::{key, Key};
+use shardes::population::Start;
 use shardes::rundir::{read_checkpoint, Mode, RunDir};
 use shardes::runtime::Client;
 use shardes::{HostFitness, SplitTrainer, Trainer};
@@ -40,16 +41,9 @@ fn seed() -> Key {
 }
 
 fn es(optimizer: Optimizer, lr: f32, devices: usize) -> ShardedES {
-    ShardedES::new(
-        from_spec(&"mirrored(lowrank(r=1))".parse::<StrategySpec>().unwrap()),
-        N,
-        SIGMA,
-        lr,
-        devices,
-    )
-    .expect("valid")
-    .with_optimizer(optimizer)
-    .expect("valid optimizer")
+    support::sharded::es("mirrored(lowrank(r=1))", N, SIGMA, lr, devices)
+        .with_optimizer(optimizer)
+        .expect("valid optimizer")
 }
 
 /// The host rule, in f64, with its own parameters and state.
@@ -459,17 +453,14 @@ fn split_mode_and_several_generations_per_dispatch_carry_the_state() {
         let f = split.evaluate().unwrap();
         split.tell(&HostFitness::F32(f)).unwrap();
     }
-    let mut multi = Trainer::with_generations_per_dispatch(
-        &client,
-        &es,
-        &Mlp::PLAIN,
-        &params,
-        seed(),
-        &batch,
-        0,
-        5,
-    )
-    .unwrap();
+    let start = Start {
+        key: seed(),
+        batch: &batch,
+        generation: 0,
+    };
+    let mut multi =
+        Trainer::with_generations_per_dispatch(&client, &es, &Mlp::PLAIN, &params, start, 5)
+            .unwrap();
     multi.step().unwrap();
     for (what, p, s) in [
         (
@@ -503,14 +494,7 @@ fn split_mode_and_several_generations_per_dispatch_carry_the_state() {
 fn sgd_programs_are_those_of_an_es_without_an_optimizer() {
     let (_, params, _) = mlp_on_8_devices();
     let leaves = shardes::hlo::es::leaf_infos(&params);
-    let plain = ShardedES::new(
-        from_spec(&"mirrored(lowrank(r=1))".parse::<StrategySpec>().unwrap()),
-        N,
-        SIGMA,
-        0.5,
-        8,
-    )
-    .unwrap();
+    let plain = support::sharded::es("mirrored(lowrank(r=1))", N, SIGMA, 0.5, 8);
     let sgd = es(Optimizer::sgd(), 0.5, 8);
     let text = |es: &ShardedES| {
         (

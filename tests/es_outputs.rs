@@ -261,12 +261,11 @@ fn a_host_fitness_told_from_the_outputs_updates_as_split_mode_does() {
                     "{strategy}: {h} vs {d}"
                 );
             }
-            runner.tell(&HostFitness::F32(fitness.clone())).unwrap();
-            split.tell(&HostFitness::F32(fitness)).unwrap();
-            assert_eq!(
-                runner.params().unwrap(),
-                split.params().unwrap(),
-                "{strategy} g{g}"
+            support::tell_both(
+                &mut runner,
+                &mut split,
+                fitness,
+                &format!("{strategy} g{g}"),
             );
         }
         assert_eq!(runner.generation(), 3);

@@ -11,7 +11,7 @@ mod support;
 use std::time::Instant;
 
 use shardes::hlo::es::shaping::ShapingSpec;
-use shardes::hlo::es::strategy::{from_spec, LowRank, Mirrored};
+use shardes::hlo::es::strategy::{LowRank, Mirrored};
 use shardes::hlo::es::{EsError, Optimizer, ShardedES};
 use shardes::hlo::params::{Array, ParamTree};
 use shardes::hlo::prng::{fold_in, key};
@@ -24,15 +24,8 @@ use support::tiny::{mlp_on_8_devices, Mlp};
 use support::{rel_norm_diff, worst_leaf_diff};
 
 fn es(strat: &str, shaping: &str, devices: usize) -> ShardedES {
-    ShardedES::new(
-        from_spec(&strat.parse().expect("spec")),
-        64,
-        0.1,
-        1.0,
-        devices,
-    )
-    .expect("valid")
-    .with_shaping(shaping.parse::<ShapingSpec>().expect("shaping").build())
+    support::sharded::es(strat, 64, 0.1, 1.0, devices)
+        .with_shaping(shaping.parse::<ShapingSpec>().expect("shaping").build())
 }
 
 fn delta(after: &ParamTree, before: &ParamTree) -> Vec<Vec<f32>> {

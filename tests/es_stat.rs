@@ -146,12 +146,7 @@ fn es_gradient_is_unbiased_and_sharpens_with_n() {
                 .map(|i| reps.iter().map(|g| (g[i] - mean[i]).powi(2)).sum::<f64>() / (r - 1.0))
                 .sum();
             let se = (trace / r).sqrt();
-            let err: f64 = mean
-                .iter()
-                .zip(&p.grad)
-                .map(|(a, b)| (a - b).powi(2))
-                .sum::<f64>()
-                .sqrt();
+            let err = support::distance(&mean, &p.grad);
             let cos = reps.iter().map(|g| cosine(g, &p.grad)).sum::<f64>() / r;
             println!(
                 "{strat:36} n={n:5}: ‖mean ĝ − g‖ = {err:.4} ({:.1}% of ‖g‖ = {gnorm:.3}), \

@@ -13,8 +13,7 @@ mod support;
 use shardes::population::Place;
 use std::path::PathBuf;
 
-use shardes::hlo::es::strategy::from_spec;
-use shardes::hlo::es::{leaf_infos, MemberOutputs, ShardedES};
+use shardes::hlo::es::{leaf_infos, MemberOutputs};
 use shardes::hlo::params::{Array, ParamTree};
 use shardes::hlo::prng::{key, uniform};
 use shardes::hlo::problems::control::host::PolicyStep;
@@ -23,6 +22,7 @@ use shardes::host_control::{HostControl, HostMlp, HostTrainer, MjcfControl};
 use shardes::runtime::Client;
 use shardes::{HostArray, OutputsRunner};
 use support::es::{base_key, Es, Inner, LeafNoise};
+use support::sharded::es;
 
 fn cartpole(episodes: usize, steps: usize, hidden: &[usize]) -> HostControl {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/mujoco/cartpole.xml");
@@ -30,10 +30,6 @@ fn cartpole(episodes: usize, steps: usize, hidden: &[usize]) -> HostControl {
         .unwrap()
         .load(None)
         .unwrap()
-}
-
-fn es(strategy: &str, n: usize, sigma: f32, lr: f32, devices: usize) -> ShardedES {
-    ShardedES::new(from_spec(&strategy.parse().unwrap()), n, sigma, lr, devices).unwrap()
 }
 
 /// Member `i`'s parameters `θ + sσ ε` materialized on the host.
@@ -174,15 +170,8 @@ fn the_host_trainer_is_the_same_on_1_and_8_devices() {
     let spec = per.spec().clone().with_fitness(Fitness::PerEpisode);
     let per = spec.load(None).unwrap();
     let client = Client::cpu(2).unwrap();
-    let es = ShardedES::new(
-        from_spec(&"mirrored(lowrank(r=1))".parse().unwrap()),
-        8,
-        0.1,
-        0.3,
-        2,
-    )
-    .unwrap()
-    .with_shaping(Box::new(shardes::hlo::es::shaping::GroupRelative));
+    let es = es("mirrored(lowrank(r=1))", 8, 0.1, 0.3, 2)
+        .with_shaping(Box::new(shardes::hlo::es::shaping::GroupRelative));
     let mut t = HostTrainer::placed(
         &client,
         &es,

@@ -27,13 +27,13 @@ use std::path::Path;
 
 use shardes::hf::load_checkpoint;
 use shardes::hlo::decode::{DecodeShape, DecodeSpec};
-use shardes::hlo::es::strategy::from_spec;
 use shardes::hlo::es::{leaf_infos, ShardedES};
 use shardes::hlo::params::{Array, ParamTree};
 use shardes::hlo::prng::key;
 use shardes::hlo::problems::qwen2::{Layers, Qwen2, Qwen2Config};
 use shardes::runtime::{Client, CompileOptions};
 use shardes::{HostArray, OutputsRunner, Trainer};
+use support::sharded::{emits_member_matrix, matrices, member_matrix, optimized_shapes};
 
 const N: usize = 16;
 const STRATEGIES: [&str; 2] = ["mirrored(lowrank(r=1))", "seed_regenerated"];
@@ -58,15 +58,7 @@ fn models() -> Vec<(&'static str, Qwen2Config, ParamTree)> {
 }
 
 fn es(strategy: &str, devices: usize) -> ShardedES {
-    ShardedES::new(
-        from_spec(&strategy.parse().unwrap()),
-        N,
-        0.05,
-        0.01,
-        devices,
-    )
-    .unwrap()
-    .with_member_chunk(Some(2))
+    support::sharded::es(strategy, N, 0.05, 0.01, devices).with_member_chunk(Some(2))
 }
 
 /// Pseudo-random token ids below `vocab`, as the f32 arrays a batch is passed as.
@@ -391,37 +383,16 @@ fn emitted_op_count_of_the_looped_model_is_flat_in_depth() {
     );
 }
 
-/// The weight matrix `(out, in)` that `shape` holds per member as `(chunk, out, in)`.
-fn member_matrix(shape: &[i64], chunk: i64, mats: &[[i64; 2]]) -> Option<[i64; 2]> {
-    shape.windows(3).find_map(|w| {
-        mats.iter()
-            .find(|[o, i]| w[0] == chunk && w[1] == *o && w[2] == *i)
-            .copied()
-    })
-}
-
 #[test]
 fn low_rank_never_forms_a_member_matrix_in_the_looped_program() {
     let mut cfg = Qwen2Config::tiny();
     cfg.num_hidden_layers = 3;
     let tree = cfg.init(key(1).unwrap(), 0.02).unwrap();
-    let mats: Vec<[i64; 2]> = tree
-        .leaves()
-        .into_iter()
-        .filter(|(_, a)| a.ndim() == 2)
-        .map(|(_, a)| [a.shape()[0] as i64, a.shape()[1] as i64])
-        .collect();
+    let mats = matrices(&tree);
     // b·s = 14 matches no matrix dimension of the tiny model (128, 64, 32, 16).
     let q = Qwen2::new(cfg, 2, 7).with_layers(Layers::Loop);
-    let es = ShardedES::new(
-        from_spec(&"mirrored(lowrank(r=1))".parse().unwrap()),
-        16,
-        0.01,
-        0.01,
-        2,
-    )
-    .unwrap()
-    .with_member_chunk(Some(4));
+    let es = support::sharded::es("mirrored(lowrank(r=1))", 16, 0.01, 0.01, 2)
+        .with_member_chunk(Some(4));
     let program = es.generation_program(&q, &leaf_infos(&tree)).unwrap();
     let text = program.module.to_mlir();
     assert!(
@@ -440,39 +411,18 @@ fn low_rank_never_forms_a_member_matrix_in_the_looped_program() {
     let exe = client
         .compile(&program.module.to_mlir(), &CompileOptions::new(2))
         .unwrap();
-    let hlo = exe.optimized_hlo().unwrap();
-    let mut stack: Vec<shardes::runtime::HloShape> = hlo
-        .computations
-        .iter()
-        .flat_map(|c| c.instructions.iter().map(|i| i.shape.clone()))
-        .collect();
-    let mut seen = 0;
-    while let Some(sh) = stack.pop() {
-        let dims: Vec<i64> = sh.dims.iter().map(|&d| d as i64).collect();
-        if let Some(m) = member_matrix(&dims, 4, &mats) {
+    let shapes = optimized_shapes(&exe.optimized_hlo().unwrap());
+    for dims in &shapes {
+        if let Some(m) = member_matrix(dims, 4, &mats) {
             panic!("optimized: {dims:?} holds a per-member {m:?} matrix");
         }
-        stack.extend(sh.tuple);
-        seen += 1;
     }
+    let seen = shapes.len();
     assert!(seen > 50, "only {seen} optimized shapes");
     // The detector can fail: dense noise puts whole matrices in the members.
-    let dense = ShardedES::new(
-        from_spec(&"iid_gaussian".parse().unwrap()),
-        16,
-        0.01,
-        0.01,
-        2,
-    )
-    .unwrap()
-    .with_member_chunk(Some(4));
-    let found = dense
-        .generation_program(&q, &leaf_infos(&tree))
-        .unwrap()
-        .module
-        .value_types()
-        .iter()
-        .any(|t| member_matrix(&t.shape, 4, &mats).is_some());
+    let dense = support::sharded::es("iid_gaussian", 16, 0.01, 0.01, 2).with_member_chunk(Some(4));
+    let dense = dense.generation_program(&q, &leaf_infos(&tree)).unwrap();
+    let found = emits_member_matrix(&dense.module, 4, &mats);
     assert!(found, "the detector missed the dense per-member matrices");
 }
 

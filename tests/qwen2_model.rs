@@ -15,6 +15,7 @@ use shardes::hlo::prng::key;
 use shardes::hlo::problems::qwen2::{Qwen2, Qwen2Config};
 use shardes::runtime::{gather_rows, Buffer, Client, CompileOptions};
 use shardes::Trainer;
+use support::sharded::{emits_member_matrix, matrices, member_matrix, optimized_shapes};
 
 // ---------------------------------------------------------------------------------------
 // Host reference
@@ -344,27 +345,6 @@ fn greedy_decoding_equals_full_forward_argmax() {
     println!("greedy tokens: {gen:?}");
 }
 
-/// The 2-D leaves' shapes.
-fn matrices(params: &ParamTree) -> Vec<[i64; 2]> {
-    params
-        .leaves()
-        .into_iter()
-        .filter(|(_, a)| a.ndim() == 2)
-        .map(|(_, a)| [a.shape()[0] as i64, a.shape()[1] as i64])
-        .collect()
-}
-
-/// The weight matrix `(out, in)` that `shape` holds per member as `(chunk, out, in)`, if
-/// any. Batch geometries in these tests avoid `b·s` coinciding with a matrix dimension, so
-/// an activation `(chunk, b·s, d)` cannot be mistaken for one.
-fn member_matrix(shape: &[i64], chunk: i64, mats: &[[i64; 2]]) -> Option<[i64; 2]> {
-    shape.windows(3).find_map(|w| {
-        mats.iter()
-            .find(|[o, i]| w[0] == chunk && w[1] == *o && w[2] == *i)
-            .copied()
-    })
-}
-
 fn assert_no_member_matrix(what: &str, shape: &[i64], chunk: i64, mats: &[[i64; 2]]) {
     if let Some([o, i]) = member_matrix(shape, chunk, mats) {
         panic!("{what}: value {shape:?} holds a per-member ({o}, {i}) matrix");
@@ -433,11 +413,7 @@ fn low_rank_never_forms_a_member_matrix() {
     let dense_prog = dense
         .generation_program(&q, &leaf_infos(&params))
         .expect("dense program");
-    let found = dense_prog
-        .module
-        .value_types()
-        .iter()
-        .any(|t| member_matrix(&t.shape, 4, &mats).is_some());
+    let found = emits_member_matrix(&dense_prog.module, 4, &mats);
     assert!(found, "the detector missed the dense per-member matrices");
 }
 
@@ -467,19 +443,11 @@ fn es_generation_on_8_devices_has_finite_losses_and_matches_1_device() {
             .expect("compile");
         let compile = t0.elapsed();
         let mats = matrices(&params);
-        let hlo = exe.optimized_hlo().expect("optimized hlo");
-        let mut stack: Vec<shardes::runtime::HloShape> = hlo
-            .computations
-            .iter()
-            .flat_map(|c| c.instructions.iter().map(|i| i.shape.clone()))
-            .collect();
-        let mut seen = 0;
-        while let Some(sh) = stack.pop() {
-            let dims: Vec<i64> = sh.dims.iter().map(|&d| d as i64).collect();
-            assert_no_member_matrix("optimized", &dims, 2, &mats);
-            stack.extend(sh.tuple);
-            seen += 1;
+        let shapes = optimized_shapes(&exe.optimized_hlo().expect("optimized hlo"));
+        for dims in &shapes {
+            assert_no_member_matrix("optimized", dims, 2, &mats);
         }
+        let seen = shapes.len();
         assert!(seen > 50, "only {seen} optimized shapes");
         let id = ids(b * s, cfg.vocab_size, 4);
         let tg = ids(b * s, cfg.vocab_size, 5);

@@ -13,7 +13,9 @@ use shardes_hlo::params::{Array, ParamTree};
 use shardes_hlo::prng::Key;
 use shardes_runtime::{gather_rows, Buffer, Client, CompileOptions, Executable};
 
-use super::{BuildTimes, Core, Evaluator, Fitness, Place, Placement, Population, PopulationError};
+use super::{
+    BuildTimes, Core, Evaluator, Fitness, Place, Placement, Population, PopulationError, Start,
+};
 use crate::distributed::Distributed;
 use crate::state::DeviceState;
 use crate::Error;
@@ -71,7 +73,12 @@ impl Population<Fused> {
         batch: &[Array],
         generation: u32,
     ) -> Result<Population<Fused>, Error> {
-        Self::with_generations_per_dispatch(client, es, model, params, key, batch, generation, 1)
+        let start = Start {
+            key,
+            batch,
+            generation,
+        };
+        Self::with_generations_per_dispatch(client, es, model, params, start, 1)
     }
 
     /// Like [`Population::<Fused>::with_state`], but each dispatch runs `per_dispatch`
@@ -79,15 +86,12 @@ impl Population<Fused> {
     /// [`Population::step`] then advances `per_dispatch` generations and returns the last
     /// one's fitness. The parameters are those of as many single steps; only the host
     /// round trips between generations go.
-    #[allow(clippy::too_many_arguments)]
     pub fn with_generations_per_dispatch(
         client: &Client,
         es: &ShardedES,
         model: &dyn Model,
         params: &ParamTree,
-        key: Key,
-        batch: &[Array],
-        generation: u32,
+        start: Start<'_>,
         per_dispatch: usize,
     ) -> Result<Population<Fused>, Error> {
         let per = u32::try_from(per_dispatch)
@@ -96,6 +100,11 @@ impl Population<Fused> {
             .ok_or(PopulationError::PerDispatch(per_dispatch))?;
         let (fused, layout, times) = compiled(client, es, model, params, per)?;
         let devices = es.devices();
+        let Start {
+            key,
+            batch,
+            generation,
+        } = start;
         let state = DeviceState::upload(client, devices, layout, params, key, batch, generation)?;
         Ok(Self::around(client, es, model, state, fused, times))
     }

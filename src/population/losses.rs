@@ -20,7 +20,7 @@ use shardes_runtime::{gather_rows, Client, CompileOptions, Executable};
 
 use super::{
     placement, BuildTimes, CompileWhen, Core, Evaluator, Fitness, Place, Population,
-    PopulationError,
+    PopulationError, Start,
 };
 use crate::distributed::Distributed;
 use crate::state::DeviceState;
@@ -67,63 +67,33 @@ impl Population<Losses> {
         batch: &[Array],
         generation: u32,
     ) -> Result<Population<Losses>, Error> {
-        Self::placed(
-            client,
-            es,
-            model,
-            params,
+        let start = Start {
             key,
             batch,
             generation,
-            Place::Alone,
-        )
+        };
+        let (place, when) = (Place::Alone, CompileWhen::Now);
+        Self::placed(client, es, model, params, start, place, when)
     }
 
-    /// The population of `model`'s losses placed by `place`: [`Population::<Losses>::new`]
-    /// alone; in a group (`Place::Group(dist, how_hosts)`) `es` is the whole run's (its
-    /// devices every process's), `ask + apply` evaluates this process's members on its
-    /// own devices, and the update is placed across processes by `how_hosts`. Every process
-    /// builds it with the same settings and state and steps it together
-    /// ([`Population::step_in`]).
+    /// The population of `model`'s losses at `start`, placed by `place`:
+    /// [`Population::<Losses>::new`] alone; in a group (`Place::Group(dist, how_hosts)`)
+    /// `es` is the whole run's (its devices every process's), `ask + apply` evaluates this
+    /// process's members on its own devices, and the update is placed across processes by
+    /// `how_hosts`. Every process builds it with the same settings and state and steps it
+    /// together ([`Population::step_in`]).
+    ///
+    /// The tell compiles `when` asked, across processes always now: a caller alone that
+    /// may only evaluate (the `ask + apply` timing of `bench`, central differences) asks
+    /// for [`CompileWhen::FirstUse`] and never pays for the tell's compile; the programs,
+    /// the state and the results are the same.
     #[allow(clippy::too_many_arguments)]
     pub fn placed(
         client: &Client,
         es: &ShardedES,
         model: &dyn Model,
         params: &ParamTree,
-        key: Key,
-        batch: &[Array],
-        generation: u32,
-        place: Place<'_>,
-    ) -> Result<Population<Losses>, Error> {
-        let start = (key, batch, generation);
-        Self::build(client, es, model, params, start, place, CompileWhen::Now)
-    }
-
-    /// [`Population::<Losses>::new`] at `(key, batch, generation)` with the tell compiled
-    /// on its first use ([`CompileWhen::FirstUse`]), not now: for a caller that may only
-    /// evaluate (the `ask + apply` timing of `bench`, central differences), which then
-    /// never pays for the tell's compile. The programs, the state and the results are
-    /// those of `new`.
-    pub(crate) fn evaluating(
-        client: &Client,
-        es: &ShardedES,
-        model: &dyn Model,
-        params: &ParamTree,
-        start: (Key, &[Array], u32),
-    ) -> Result<Population<Losses>, Error> {
-        let when = CompileWhen::FirstUse;
-        Self::build(client, es, model, params, start, Place::Alone, when)
-    }
-
-    /// Builds the programs (the tell compiled `when` asked; across processes, now) and
-    /// uploads the state at `(key, batch, generation)`.
-    fn build(
-        client: &Client,
-        es: &ShardedES,
-        model: &dyn Model,
-        params: &ParamTree,
-        (key, batch, generation): (Key, &[Array], u32),
+        start: Start<'_>,
         place: Place<'_>,
         when: CompileWhen,
     ) -> Result<Population<Losses>, Error> {
@@ -147,9 +117,9 @@ impl Population<Losses> {
             devices,
             first.layout,
             params,
-            key,
-            batch,
-            generation,
+            start.key,
+            start.batch,
+            start.generation,
         )?;
         let times = BuildTimes {
             emit_ms,

@@ -38,6 +38,7 @@ use std::path::Path;
 
 use shardes_hlo::es::{How, LeafInfo, Model, Part, ShardedES};
 use shardes_hlo::params::{Array, ParamTree};
+use shardes_hlo::prng::Key;
 use shardes_runtime::{Client, CompileOptions};
 
 pub use self::core::{BuildTimes, CompileWhen, Core, Phases};
@@ -314,6 +315,19 @@ impl<E: Evaluator> Population<E> {
     pub fn held_out(&mut self, done: u32, last: bool) -> Result<Option<String>, Error> {
         self.evaluator.held_out(&self.core, done, last)
     }
+}
+
+/// Where a population's state starts beside its parameters: the run's key, the batch (one
+/// array per [`Model::batch_types`] entry, in order; replicated on every device) and the
+/// generation (0 to start a run; a checkpoint's to resume one).
+#[derive(Clone, Copy)]
+pub struct Start<'a> {
+    /// The run's key; generation `g` draws its noise from `fold_in(key, g)`.
+    pub key: Key,
+    /// The batch arrays in [`Model::batch_types`] order.
+    pub batch: &'a [Array],
+    /// The generation the state starts at.
+    pub generation: u32,
 }
 
 /// How a population's members are placed: on this process alone, or as process

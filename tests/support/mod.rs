@@ -18,6 +18,7 @@ pub mod es;
 pub mod model;
 pub mod pretrained;
 pub mod shaping;
+pub mod sharded;
 pub mod tiny;
 
 use std::path::PathBuf;
@@ -94,6 +95,30 @@ pub fn rel_norm_diff(a: &[f32], b: &[f32]) -> f64 {
         .sum();
     let den: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
     (num / den).sqrt()
+}
+
+/// The Euclidean distance `‖a − b‖` in f64, summed in order: how far an estimate lies from
+/// the gradient it estimates.
+pub fn distance(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len(), "length mismatch");
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).powi(2))
+        .sum::<f64>()
+        .sqrt()
+}
+
+/// Tells `a` and `b` the same `fitness` and asserts that they then hold the same
+/// parameters: two paths (programs, placements) to the one update, bit for bit.
+pub fn tell_both<A, B>(
+    a: &mut shardes::Population<A>,
+    b: &mut shardes::Population<B>,
+    fitness: Vec<f32>,
+    what: &str,
+) {
+    a.tell(&shardes::HostFitness::F32(fitness.clone())).unwrap();
+    b.tell(&shardes::HostFitness::F32(fitness)).unwrap();
+    assert_eq!(a.params().unwrap(), b.params().unwrap(), "{what}");
 }
 
 /// Deterministic pseudo-random ids in `0..vocab` (a 64-bit LCG): `n` of them from `seed`.

@@ -175,30 +175,8 @@ macro_rules! pod_element {
 pod_element!(
     i8 => S8, i16 => S16, i32 => S32, i64 => S64,
     u8 => U8, u16 => U16, u32 => U32, u64 => U64,
-    f32 => F32, f64 => F64,
+    f16 => F16, bf16 => BF16, f32 => F32, f64 => F64,
 );
-
-impl sealed::Sealed for f16 {}
-impl Element for f16 {
-    const TYPE: ElementType = ElementType::F16;
-    fn from_raw(bytes: &[u8]) -> Vec<Self> {
-        u16::from_raw(bytes)
-            .into_iter()
-            .map(f16::from_bits)
-            .collect()
-    }
-}
-
-impl sealed::Sealed for bf16 {}
-impl Element for bf16 {
-    const TYPE: ElementType = ElementType::BF16;
-    fn from_raw(bytes: &[u8]) -> Vec<Self> {
-        u16::from_raw(bytes)
-            .into_iter()
-            .map(bf16::from_bits)
-            .collect()
-    }
-}
 
 impl sealed::Sealed for bool {}
 impl Element for bool {

@@ -4,8 +4,7 @@
 
 use anyhow::{Context, Result};
 use serde::Serialize;
-use shardes::bench::Stats;
-use shardes::bench_control::{self, InProgramReport, MjcfReport, Reference};
+use shardes::bench_control::{self, ControlRun, InProgramReport, MjcfReport, Reference};
 use shardes::hlo::prng::fold_in;
 
 use super::{print_report, BenchArgs};
@@ -76,8 +75,9 @@ fn reference_line(r: &Reference) -> String {
 }
 
 /// The lines both reports start with: `title` and the rounds, a generation's time and the
-/// environment steps per second, with what those steps count.
-fn head(title: &str, generation_ms: &Stats, steps_per_s: f64, counted: &str) -> String {
+/// environment steps per second of `run`, with what those steps count.
+fn head(title: &str, run: &ControlRun, counted: &str) -> String {
+    let (generation_ms, steps_per_s) = (&run.generation_ms, run.env_steps_per_s);
     format!(
         "{title} rounds={}\n  {:<30}{:>14.2}   ({:.2}..{:.2})\n  {:<30}{:>14.0}   ({counted})\n",
         generation_ms.samples,
@@ -94,10 +94,10 @@ fn head(title: &str, generation_ms: &Stats, steps_per_s: f64, counted: &str) -> 
 pub fn in_program_table(r: &InProgramReport) -> String {
     let title = format!(
         "control {} (in the program) n={} episodes={} steps={} devices={}",
-        r.env, r.n, r.episodes, r.steps, r.devices
+        r.env, r.run.n, r.run.episodes, r.run.steps, r.run.devices
     );
     let counted = "n · episodes · steps per generation";
-    let mut s = head(&title, &r.generation_ms, r.env_steps_per_s, counted);
+    let mut s = head(&title, &r.run, counted);
     match &r.reference {
         Some(x) => s.push_str(&reference_line(x)),
         None => s.push_str("  reference: only for cartpole_balance\n"),
@@ -111,10 +111,10 @@ pub fn mjcf_table(r: &MjcfReport) -> String {
     let pct = |x: f64| 100.0 * x / total;
     let title = format!(
         "control {} (MuJoCo on host threads) n={} episodes={} steps≤{} devices={}",
-        r.model, r.n, r.episodes, r.steps, r.devices
+        r.model, r.run.n, r.run.episodes, r.run.steps, r.run.devices
     );
     let counted = "episode steps simulated";
-    let mut s = head(&title, &r.generation_ms, r.env_steps_per_s, counted);
+    let mut s = head(&title, &r.run, counted);
     s.push_str(&format!(
         "  {:<30}{:>13.1}%   ({:.3} s)\n",
         "host simulation",

@@ -11,7 +11,7 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 use shardes::bench::Stats;
 use shardes::population::Phases;
-use shardes::population::Place;
+use shardes::population::{CompileWhen, Place, Start};
 use shardes::SplitTrainer;
 
 use super::{parse_how, print_report, BenchArgs};
@@ -85,10 +85,13 @@ pub fn run(args: &BenchArgs, config: &Config, mut group: Group) -> Result<()> {
             &s.es,
             &*p.model,
             &p.params,
-            p.key,
-            &p.batch,
-            0,
+            Start {
+                key: p.key,
+                batch: &p.batch,
+                generation: 0,
+            },
             Place::Group(group.dist()?, h),
+            CompileWhen::Now,
         )
         .with_context(|| format!("building the programs for how_hosts {h}"))?
         .with_barriers(true);

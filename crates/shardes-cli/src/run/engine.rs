@@ -6,7 +6,7 @@
 use anyhow::{Context, Result};
 use shardes::hlo::params::{Array, ParamTree};
 use shardes::host_control::HostTrainer;
-use shardes::population::Place;
+use shardes::population::{CompileWhen, Place, Start};
 use shardes::{Evaluator, Population, SplitTrainer, Trainer};
 
 use super::reward;
@@ -39,11 +39,24 @@ pub(crate) fn build(s: &Setup, params: ParamTree, start: u32, place: Place<'_>) 
         }
         // No fused program spans processes: each evaluates its own members, the update is
         // placed across them.
-        Place::Group(..) => SplitTrainer::placed(
-            &s.client, &s.es, &*p.model, &params, p.key, &p.batch, start, place,
-        )
-        .context("building this process's programs")?
-        .boxed(),
+        Place::Group(..) => {
+            let start = Start {
+                key: p.key,
+                batch: &p.batch,
+                generation: start,
+            };
+            SplitTrainer::placed(
+                &s.client,
+                &s.es,
+                &*p.model,
+                &params,
+                start,
+                place,
+                CompileWhen::Now,
+            )
+            .context("building this process's programs")?
+            .boxed()
+        }
     })
 }
 

@@ -495,6 +495,15 @@ fn couple(spec: StrategySpec, coupling: Option<Coupling>) -> Result<StrategySpec
 mod tests {
     use super::*;
 
+    /// Asserts that each `(text, needle)`'s text is refused as a strategy, the reason
+    /// naming the needle.
+    fn assert_refused(cases: &[(&str, &str)]) {
+        for (text, needle) in cases {
+            let e = text.parse::<StrategySpec>().unwrap_err();
+            assert!(e.reason.contains(needle), "{text:?}: {e}");
+        }
+    }
+
     #[test]
     fn parses_every_documented_form() {
         let cases = [
@@ -597,7 +606,7 @@ mod tests {
             .parse::<StrategySpec>()
             .unwrap_err();
         assert!(e.reason.contains("is too large"), "{e}");
-        for (text, needle) in [
+        assert_refused(&[
             ("lowrank(=3)", "argument name before '='"),
             ("iid_gaussian(=3)", "argument name before '='"),
             (
@@ -609,22 +618,16 @@ mod tests {
             ("\u{0}", "expected a strategy name, found"),
             ("   ", "expected a strategy name"),
             ("lowrank(r=1,)", "expected a strategy name"),
-        ] {
-            let e = text.parse::<StrategySpec>().unwrap_err();
-            assert!(e.reason.contains(needle), "{text:?}: {e}");
-        }
+        ]);
     }
 
     #[test]
     fn a_repeated_argument_is_refused() {
-        for (text, needle) in [
+        assert_refused(&[
             ("lowrank(r=1, r=2)", "lowrank is given argument r twice"),
             ("seed_regenerated(chunk=4,chunk=4)", "argument chunk twice"),
             ("mirrored(lowrank(r=2, r=2))", "argument r twice"),
-        ] {
-            let e = text.parse::<StrategySpec>().unwrap_err();
-            assert!(e.reason.contains(needle), "{text}: {e}");
-        }
+        ]);
     }
 
     #[test]
@@ -713,7 +716,7 @@ mod tests {
 
     #[test]
     fn bad_couplings_are_refused_naming_the_fix() {
-        for (text, needle) in [
+        assert_refused(&[
             (
                 "seed_regenerated(coupling=sobol)",
                 "coupling=sobol needs low-rank factors",
@@ -739,9 +742,6 @@ mod tests {
             ),
             ("lowrank(k=sobol)", "takes no argument \"k\""),
             ("iid_gaussian(mode=x)", "takes no argument \"mode\""),
-        ] {
-            let e = text.parse::<StrategySpec>().unwrap_err();
-            assert!(e.reason.contains(needle), "{text}: {e}");
-        }
+        ]);
     }
 }

@@ -132,14 +132,16 @@ impl Keys {
         self.fold_in(&self.k0.func().scalar(d)?)
     }
 
-    /// `bits(key, shape)` for every key: result shape `keys.shape() ++ shape`, element at
-    /// row-major flat index `c` within `shape` is `y0 ^ y1` of `threefry2x32(key, (0, c))`.
-    pub fn bits(&self, shape: &[i64]) -> Result<Value> {
+    /// The row-major flat index within `shape` of every element of a draw of `shape` per
+    /// key, as u32 counters of shape `full = keys.shape() ++ shape`; with `full` and the
+    /// key dimensions within it, to broadcast the keys against the counters. `op` names
+    /// the draw in the error when `shape` holds more elements than u32 counters reach.
+    fn counters(&self, op: &str, shape: &[i64]) -> Result<(Vec<i64>, Vec<usize>, Value)> {
         let f = self.k0.func();
         let size: i64 = shape.iter().product();
         if size >= 1 << 32 || shape.iter().any(|&d| d < 0) {
             return Err(prng_err(
-                "bits",
+                op,
                 format!(
                     "shape {shape:?} holds {size} elements; counters above 2^32 are not supported"
                 ),
@@ -154,6 +156,13 @@ impl Keys {
             .iota(TensorType::u32(&[size]), 0)?
             .reshape(shape)?
             .broadcast_in_dim(&full, &ctr_dims)?;
+        Ok((full, key_dims, counter))
+    }
+
+    /// `bits(key, shape)` for every key: result shape `keys.shape() ++ shape`, element at
+    /// row-major flat index `c` within `shape` is `y0 ^ y1` of `threefry2x32(key, (0, c))`.
+    pub fn bits(&self, shape: &[i64]) -> Result<Value> {
+        let (_, key_dims, counter) = self.counters("bits", shape)?;
         // Keys as [batch.., 1, ..]: threefry2x32 broadcasts them against the counters
         // inside its loop, so the carried key schedule stays at the batch's size.
         let mut kshape = self.shape().to_vec();
@@ -182,24 +191,7 @@ impl Keys {
     /// noise").
     pub fn normal_unrolled(&self, shape: &[i64]) -> Result<Value> {
         let f = self.k0.func();
-        let size: i64 = shape.iter().product();
-        if size >= 1 << 32 || shape.iter().any(|&d| d < 0) {
-            return Err(prng_err(
-                "normal_unrolled",
-                format!(
-                    "shape {shape:?} holds {size} elements; counters above 2^32 are not supported"
-                ),
-            ));
-        }
-        let kr = self.shape().len();
-        let mut full = self.shape().to_vec();
-        full.extend_from_slice(shape);
-        let key_dims: Vec<usize> = (0..kr).collect();
-        let ctr_dims: Vec<usize> = (kr..full.len()).collect();
-        let counter = f
-            .iota(TensorType::u32(&[size]), 0)?
-            .reshape(shape)?
-            .broadcast_in_dim(&full, &ctr_dims)?;
+        let (full, key_dims, counter) = self.counters("normal_unrolled", shape)?;
         let keys = self.broadcast_in_dim(&full, &key_dims)?;
         let zero = f.scalar(0u32)?.broadcast_to(&full)?;
         let (y0, y1) = threefry2x32_unrolled(&keys.k0, &keys.k1, &zero, &counter)?;

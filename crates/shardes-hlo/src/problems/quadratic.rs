@@ -223,8 +223,9 @@ impl QuadraticInstance {
     fn deltas(&self, params: &ParamTree) -> Result<(Vec<f64>, Vec<f64>), ProblemError> {
         let (m, k) = (self.quad.rows, self.quad.cols);
         let leaves = params.leaves();
-        let get = |name: &str, len: usize| -> Result<&Array, ProblemError> {
-            leaves
+        // Leaf `name` (of `len` values) minus its optimum `star`.
+        let delta = |name: &str, len: usize, star: &[f32]| -> Result<Vec<f64>, ProblemError> {
+            let a = leaves
                 .iter()
                 .find(|(p, a)| p.as_str() == name && a.data().len() == len)
                 .map(|(_, a)| *a)
@@ -232,23 +233,17 @@ impl QuadraticInstance {
                     what: "params",
                     value: format!("a tree without `{name}` of {len} values"),
                     fix: "pass the quadratic's own tree (leaves b [cols] and w [rows, cols])",
-                })
+                })?;
+            Ok(a.data()
+                .iter()
+                .zip(star)
+                .map(|(&x, &y)| f64::from(x) - f64::from(y))
+                .collect())
         };
-        let b = get("b", k)?;
-        let w = get("w", m * k)?;
-        let db = b
-            .data()
-            .iter()
-            .zip(&self.b_star)
-            .map(|(&x, &y)| f64::from(x) - f64::from(y))
-            .collect();
-        let dw = w
-            .data()
-            .iter()
-            .zip(&self.w_star)
-            .map(|(&x, &y)| f64::from(x) - f64::from(y))
-            .collect();
-        Ok((db, dw))
+        Ok((
+            delta("b", k, &self.b_star)?,
+            delta("w", m * k, &self.w_star)?,
+        ))
     }
 
     /// The exact gradient `(R δb, P δw R)` at `params`, flattened in leaf order (`b`, then

@@ -173,21 +173,16 @@ impl Qwen2Config {
         }
     }
 
-    /// Qwen2.5-1.5B as published (`Qwen/Qwen2.5-1.5B/config.json`).
+    /// Qwen2.5-1.5B as published (`Qwen/Qwen2.5-1.5B/config.json`): the 0.5B's family
+    /// settings (vocabulary, key/value heads, RoPE, norm, tied embeddings, biases) at a
+    /// larger width and depth.
     pub fn qwen2_5_1_5b() -> Self {
         Qwen2Config {
-            vocab_size: 151_936,
             hidden_size: 1536,
             intermediate_size: 8960,
             num_hidden_layers: 28,
             num_attention_heads: 12,
-            num_key_value_heads: 2,
-            rope_theta: 1_000_000.0,
-            rms_norm_eps: 1e-6,
-            tie_word_embeddings: true,
-            attention_bias: true,
-            explicit_head_dim: None,
-            rope_scaling: RopeScaling::None,
+            ..Self::qwen2_5_0_5b()
         }
     }
 
