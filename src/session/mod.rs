@@ -261,11 +261,6 @@ impl<'d, E: Evaluator> Session<'d, E> {
         &self.summary
     }
 
-    /// The generation the session started from.
-    pub fn start(&self) -> u32 {
-        self.start
-    }
-
     /// Runs the generations until the plan's total or a stop. `stop` is this process's
     /// signal, if one came; every process stops after the same generation. The last
     /// checkpoint is [`Session::finish`]'s, so a caller can show how the loop ended first.
@@ -317,9 +312,12 @@ impl<'d, E: Evaluator> Session<'d, E> {
         let g = self.population.generation();
         let end = self.check(g, true);
         // The end of the run (not of an interrupted part of it) is evaluated too.
-        let end = end.and_then(|()| match outcome == Outcome::Finished && g > start {
-            true => self.held_out(g, true, observer),
-            false => Ok(()),
+        let end = end.and_then(|()| {
+            if outcome == Outcome::Finished && g > start {
+                self.held_out(g, true, observer)
+            } else {
+                Ok(())
+            }
         });
         if end.is_err() {
             observer.failing();
@@ -336,7 +334,9 @@ impl<'d, E: Evaluator> Session<'d, E> {
     pub fn finish(&mut self) -> Result<(), SessionError> {
         let g = self.population.generation();
         match &self.record {
-            Some(r) if r.rundir.committed().map(|s| s.generation) != Some(g) => self.checkpoint(),
+            Some(r) if r.rundir.committed().map(|s| s.generation) != Some(g) => {
+                self.checkpoint().map(|_| ())
+            }
             _ => Ok(()),
         }
     }
@@ -380,8 +380,7 @@ impl<'d, E: Evaluator> Session<'d, E> {
         // Before the checkpoint: a kill between the two leaves an evaluation that the
         // resume (from the previous checkpoint) drops and writes again.
         self.held_out(done, false, observer)?;
-        if self.checkpoint_due(done) && self.record.is_some() {
-            self.checkpoint()?;
+        if self.checkpoint_due(done) && self.checkpoint()? {
             observer.checkpoint();
         }
         Ok(())
@@ -441,7 +440,11 @@ impl<'d, E: Evaluator> Session<'d, E> {
     /// Copies the parameters (and the optimizer's state) to the host and writes them as the
     /// checkpoint of the generation the population runs next, unless the parameters are
     /// not finite (then the run has diverged: no checkpoint, a failure naming the cause).
-    fn checkpoint(&mut self) -> Result<(), SessionError> {
+    /// Whether it wrote one: only the lead, which holds the out directory, does.
+    fn checkpoint(&mut self) -> Result<bool, SessionError> {
+        if self.record.is_none() {
+            return Ok(false);
+        }
         let to_host = |what| move |source| SessionError::ToHost { what, source };
         let params = self.population.params().map_err(to_host("parameters"))?;
         let g = self.population.generation();
@@ -452,17 +455,16 @@ impl<'d, E: Evaluator> Session<'d, E> {
             .population
             .optimizer_state()
             .map_err(to_host("optimizer state"))?;
-        let Some(r) = &mut self.record else {
-            return Ok(());
-        };
-        r.rundir.write_checkpoint_taking(
-            r.key.data(),
-            g,
-            params,
-            &optimizer,
-            Some(r.inputs.clone()),
-        )?;
-        Ok(())
+        if let Some(r) = &mut self.record {
+            r.rundir.write_checkpoint_taking(
+                r.key.data(),
+                g,
+                params,
+                &optimizer,
+                Some(r.inputs.clone()),
+            )?;
+        }
+        Ok(true)
     }
 }
 

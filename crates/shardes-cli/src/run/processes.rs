@@ -13,8 +13,9 @@
 //! 4. each generation: a stop check (a signal seen by any process stops them all after the
 //!    same generation), then the generation itself (fitness gather, and the update
 //!    exchange under `how_hosts = B`);
-//! 5. every [`shardes::session::PARAM_CHECK_EVERY`] generations, before every checkpoint and at the end: a
-//!    hash of the parameters, compared (a failure naming the generation if they differ).
+//! 5. every [`shardes::session::PARAM_CHECK_EVERY`] generations, before every checkpoint
+//!    and at the end: a hash of the parameters, compared (a failure naming the generation
+//!    if they differ).
 //!
 //! A process that fails on its own (the lead refusing the out directory, a process killed)
 //! exits without finalizing MPI; `mpirun` then stops the others and exits non-zero. After a
