@@ -18,7 +18,7 @@ use shardes::hlo::nn::{self, Act};
 use shardes::hlo::params::{Array, ParamTree};
 use shardes::hlo::prng::{fold_in, key, normal, Key};
 use shardes::runtime::Client;
-use shardes::{HostArray, HostFitness, OutputsRunner, SplitTrainer};
+use shardes::{HostArray, HostData, HostFitness, OutputsRunner, SplitTrainer};
 use support::es::{base_key, Es, Inner};
 
 const ROWS: usize = 3;
@@ -312,5 +312,88 @@ fn the_outputs_layout_returns_outputs_and_donates_nothing() {
             !(has(OUT as i64) && has(IN as i64) && s.len() >= 3),
             "a perturbed matrix {t} was formed"
         );
+    }
+}
+
+/// [`Linear`], which reads `w` through `dense`, plus `embed(w, ids)` with ids shared and
+/// per member, its matrices stored as the program hands them over (`(in, out)` when
+/// `in_out`, `MemberOutputs::matrices_in_out`).
+struct Seams {
+    in_out: bool,
+}
+
+impl MemberOutputs for Seams {
+    fn input_types(&self) -> Vec<(String, TensorType)> {
+        Linear.input_types()
+    }
+
+    fn output_types(&self) -> Vec<(String, TensorType)> {
+        let mut types = Linear.output_types();
+        types.push(("rows".into(), TensorType::f32(&[2, IN as i64])));
+        types.push(("own".into(), TensorType::f32(&[IN as i64])));
+        types
+    }
+
+    fn outputs(&self, p: &ModelParams, x: &[Value], m: &MemberInfo) -> Result<Vec<Act>, EsError> {
+        let mut out = Linear.outputs(p, x, m)?;
+        let w = p.weight("w")?;
+        let f = x[0].func();
+        out.push(nn::embed(&w, &Act::shared(f.constant(&[2], &[6i32, 1])?))?);
+        // Member i reads row i mod OUT.
+        let own = m.ids.rem(&f.full(OUT as u32, m.ids.shape())?)?;
+        out.push(nn::embed(&w, &Act::per_member(own.convert(DType::I32)?)?)?);
+        Ok(out)
+    }
+
+    fn matrices_in_out(&self) -> bool {
+        self.in_out
+    }
+}
+
+/// An output's values as bits.
+fn bits(h: &HostArray) -> Vec<u32> {
+    match &h.data {
+        HostData::F32(v) => v.iter().map(|x| x.to_bits()).collect(),
+        HostData::I32(v) => v.iter().map(|&x| x as u32).collect(),
+        HostData::U32(v) => v.clone(),
+    }
+}
+
+#[test]
+fn matrices_handed_over_in_out_give_the_same_bits() {
+    let client = Client::cpu(8).unwrap();
+    let tree = params();
+    let k = key(5).unwrap();
+    for strategy in [
+        "lowrank(r=1)",
+        "mirrored(lowrank(r=2))",
+        "seed_regenerated",
+        "mirrored(iid_gaussian)",
+    ] {
+        let e = es(strategy, 16, 8);
+        let run = |in_out| {
+            let model = Seams { in_out };
+            let pop = OutputsRunner::with_state(&client, &e, &model, &tree, k, 2).unwrap();
+            let mut outs = pop.outputs(&[x()]).unwrap();
+            // The unperturbed program too (every member the same weights).
+            let plain = e.plain_outputs_program(&model, &leaf_infos(&tree)).unwrap();
+            let exe = pop.compile(&plain).unwrap();
+            outs.extend(pop.run(&exe, &plain.layout, &[x()]).unwrap());
+            outs
+        };
+        let (stored, in_out) = (run(false), run(true));
+        assert_eq!(stored.len(), 12);
+        for (a, b) in stored.iter().zip(&in_out) {
+            assert_eq!(bits(a), bits(b), "{strategy}");
+        }
+        // The unperturbed program's lookups are w's rows (not its columns) either way.
+        let w = tree.leaves()[1].1.data().to_vec();
+        let row = |i: usize| w[i * IN..(i + 1) * IN].to_vec();
+        let want: Vec<f32> = [row(6), row(1)].concat();
+        let own: Vec<f32> = (0..16).flat_map(|i| row(i % OUT)).collect();
+        for outs in [&stored, &in_out] {
+            assert_eq!(outs[10].as_f32().unwrap(), want.repeat(16), "{strategy}");
+            assert_eq!(outs[11].as_f32().unwrap(), own.as_slice(), "{strategy}");
+        }
     }
 }

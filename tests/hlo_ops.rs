@@ -598,6 +598,7 @@ fn sort_gather_scatter() {
             rows,
             flat,
             added,
+            t.transpose(&[1, 0])?.take_cols(&ids)?,
         ])
     });
     let out = run(&c, &m, &[&bk, &bt, &bids]);
@@ -624,6 +625,11 @@ fn sort_gather_scatter() {
         .collect();
     assert_eq!(f32s(&out[4]), want_rows, "take_rows with [2,2] ids");
     assert_eq!(f32s(&out[5]), want_rows, "take_rows with [4] ids");
+    assert_eq!(
+        f32s(&out[7]),
+        want_rows,
+        "take_cols of the transposed table"
+    );
     let mut added = table.clone();
     for e in &mut added[3..6] {
         *e += 20.0;

@@ -8,7 +8,11 @@
 //! per member; the factors are never multiplied out. [`Weight`] has no arithmetic of its
 //! own, so a model cannot densify a structured weight by accident.
 //!
-//! Weights are stored `(out, in)`: `dense(x, W) = x · Wᵀ`, `embed(E, ids) = E[ids]`.
+//! Weights are stored `(out, in)`: `dense(x, W) = x · Wᵀ`, `embed(E, ids) = E[ids]`. A
+//! program that reads its shared matrices many times (a decoder's token loop) can transpose
+//! them once and hand them over stored `(in, out)` ([`Weight::InOut`]): the seams compute
+//! the same values from either layout, and XLA:CPU's dot with few rows runs faster on the
+//! second (docs/performance.md, "The weights stored (in, out)").
 //!
 //! Precision: the seams compute in the weight's dtype (an input of another float dtype is
 //! rounded to it), and an elementwise op between float activations of different widths
@@ -37,14 +41,53 @@ pub enum Weight {
         /// Per-member scale, `[C]`.
         scale: Value,
     },
+    /// A [`Weight::Plain`] or [`Weight::LowRank`] whose shared matrix is stored
+    /// transposed, `(k, m)`: the same weight to the seams, which contract the matrix's
+    /// first axis instead of its second (and gather an embedding's columns). Made by
+    /// [`Weight::stored_in_out`] or [`Weight::in_out`].
+    InOut(Box<Weight>),
 }
 
 impl Weight {
+    /// A [`Weight::InOut`] of `stored`, a plain or low-rank weight whose shared matrix
+    /// already holds the transpose, `(k, m)` (factors and scale as for any low-rank
+    /// weight). Refuses a per-member weight and one stored `(in, out)` already.
+    pub fn in_out(stored: Weight) -> Result<Weight> {
+        match stored {
+            Weight::Plain(_) | Weight::LowRank { .. } => Ok(Weight::InOut(Box::new(stored))),
+            other => Err(seam_err(
+                "Weight::in_out",
+                format!("{other:?}"),
+                "only a plain or low-rank weight's shared matrix is stored (in, out)",
+            )),
+        }
+    }
+
+    /// The same weight with its shared matrix stored `(in, out)`: a transpose of a plain
+    /// matrix or a low-rank base. A per-member weight, and one stored so already, are
+    /// returned as they are.
+    pub fn stored_in_out(&self) -> Result<Weight> {
+        Ok(match self {
+            Weight::Plain(w) => Weight::in_out(Weight::Plain(w.transpose(&[1, 0])?))?,
+            Weight::LowRank { base, a, b, scale } => Weight::in_out(Weight::LowRank {
+                base: base.transpose(&[1, 0])?,
+                a: a.clone(),
+                b: b.clone(),
+                scale: scale.clone(),
+            })?,
+            Weight::Members(_) | Weight::InOut(_) => self.clone(),
+        })
+    }
+
     /// The matrix shape `(m, k)` every member sees.
     pub fn matrix_shape(&self) -> [i64; 2] {
         let s = match self {
             Weight::Plain(w) | Weight::LowRank { base: w, .. } => w.shape(),
             Weight::Members(w) => &w.shape()[1..],
+            Weight::InOut(w) => {
+                let [k, m] = w.matrix_shape();
+                return [m, k];
+            }
         };
         [s[0], s[1]]
     }
@@ -55,6 +98,7 @@ impl Weight {
             Weight::Plain(_) => None,
             Weight::Members(w) => Some(w.shape()[0]),
             Weight::LowRank { scale, .. } => Some(scale.shape()[0]),
+            Weight::InOut(w) => w.members(),
         }
     }
 
@@ -62,6 +106,17 @@ impl Weight {
     pub fn dtype(&self) -> DType {
         match self {
             Weight::Plain(w) | Weight::Members(w) | Weight::LowRank { base: w, .. } => w.dtype(),
+            Weight::InOut(w) => w.dtype(),
+        }
+    }
+
+    /// The weight as the seams contract it: the weight stored `(out, in)` and the axis
+    /// of its shared matrix that meets the input (1 stored `(out, in)`, 0 stored
+    /// `(in, out)`).
+    fn stored(&self) -> (&Weight, usize) {
+        match self {
+            Weight::InOut(w) => (w, 0),
+            w => (w, 1),
         }
     }
 
@@ -85,6 +140,7 @@ impl Weight {
                 b: c(b)?,
                 scale: c(scale)?,
             },
+            Weight::InOut(w) => Weight::InOut(Box::new(w.convert(dtype)?)),
         })
     }
 }
@@ -468,12 +524,15 @@ pub fn dense(x: &Act, w: &Weight) -> Result<Act> {
         }
     }
     let (xf, lead) = flatten_rows(x)?;
+    // `i`: the shared matrix's input axis (its first when stored (in, out)).
+    let (w, i) = w.stored();
     match (w, x.members) {
         (Weight::Plain(w), c) => {
             let r = xf.rank();
-            let y = xf.dot_general(w, &DotDims::new(&[], &[], &[r - 1], &[1]))?;
+            let y = xf.dot_general(w, &DotDims::new(&[], &[], &[r - 1], &[i]))?;
             unflatten(y, c, &lead, m)
         }
+        (Weight::Members(_) | Weight::InOut(_), _) if i == 0 => Err(not_in_out(op)),
         (Weight::Members(w), None) => {
             // [T, k] · [C, m, k] -> [T, C, m] -> [C, T, m]
             let y = xf
@@ -489,7 +548,7 @@ pub fn dense(x: &Act, w: &Weight) -> Result<Act> {
             let c = scale.shape()[0];
             let t = xf.shape()[0];
             // The base product is shared by the whole chunk: one GEMM.
-            let shared = xf.dot_general(base, &DotDims::new(&[], &[], &[1], &[1]))?;
+            let shared = xf.dot_general(base, &DotDims::new(&[], &[], &[1], &[i]))?;
             // [T, k] · [C, r, k] -> [T, C, r]
             let xb = xf.dot_general(b, &DotDims::new(&[], &[], &[1], &[2]))?;
             // [T, C, r] · [C, r, m] (batch C) -> [C, T, m], then the scale, in the spec's
@@ -501,13 +560,24 @@ pub fn dense(x: &Act, w: &Weight) -> Result<Act> {
         }
         (Weight::LowRank { base, a, b, scale }, Some(c)) => {
             let t = xf.shape()[1];
-            let base_out = xf.dot_general(base, &DotDims::new(&[], &[], &[2], &[1]))?;
+            let base_out = xf.dot_general(base, &DotDims::new(&[], &[], &[2], &[i]))?;
             let xb = xf.dot_general(b, &DotDims::new(&[0], &[0], &[2], &[2]))?;
             let corr = xb.dot_general(a, &DotDims::new(&[0], &[0], &[2], &[1]))?;
             let corr = corr.mul(&scale.broadcast_in_dim(&[c, t, m], &[0])?)?;
             unflatten(base_out.add(&corr)?, Some(c), &lead, m)
         }
+        (Weight::InOut(_), _) => Err(not_in_out(op)),
     }
+}
+
+/// The error of a weight [`Weight::in_out`] would not have made (a per-member matrix, or
+/// one transposed twice, built as a variant by hand).
+fn not_in_out(op: &str) -> HloError {
+    seam_err(
+        op,
+        "Weight::InOut".into(),
+        "only a plain or low-rank weight is stored (in, out); build it with Weight::in_out",
+    )
 }
 
 /// `embed(E, ids) = E[ids]` for a table `E` of shape `(vocab, d)`; `ids` are integers of
@@ -525,8 +595,11 @@ pub fn embed(table: &Weight, ids: &Act) -> Result<Act> {
     let lead = ids.logical_shape().to_vec();
     let t: i64 = lead.iter().product();
     let flat = ids.v.reshape(&[t])?;
+    let (table, i) = table.stored();
+    let rows = |w: &Value, ids: &Value| lookup(w, ids, i);
     match table {
-        Weight::Plain(w) => unflatten(w.take_rows(&flat)?, None, &lead, d),
+        Weight::Plain(w) => unflatten(rows(w, &flat)?, None, &lead, d),
+        Weight::Members(_) | Weight::InOut(_) if i == 0 => Err(not_in_out(op)),
         Weight::Members(w) => {
             let c = w.shape()[0];
             // Row c·vocab + id of the flattened [C·vocab, d] table.
@@ -541,7 +614,7 @@ pub fn embed(table: &Weight, ids: &Act) -> Result<Act> {
         Weight::LowRank { base, a, b, scale } => {
             let c = scale.shape()[0];
             let r = a.shape()[1];
-            let shared = base.take_rows(&flat)?;
+            let shared = rows(base, &flat)?;
             // A[ids]: [C, r, V] -> [V, C, r] -> rows [T, C, r]
             let arows = a.transpose(&[2, 0, 1])?.take_rows(&flat)?;
             let arows = arows.mul(&scale.broadcast_in_dim(&[t, c, r], &[1])?)?;
@@ -549,6 +622,17 @@ pub fn embed(table: &Weight, ids: &Act) -> Result<Act> {
             let y = shared.broadcast_in_dim(&[c, t, d], &[1, 2])?.add(&corr)?;
             unflatten(y, Some(c), &lead, d)
         }
+        Weight::InOut(_) => Err(not_in_out(op)),
+    }
+}
+
+/// Rows `ids` of a shared table whose rows are along axis `1 - i` (`i` as
+/// [`Weight::stored`] gives it): its columns when stored `(in, out)`.
+fn lookup(table: &Value, ids: &Value, i: usize) -> Result<Value> {
+    if i == 0 {
+        table.take_cols(ids)
+    } else {
+        table.take_rows(ids)
     }
 }
 
@@ -576,12 +660,15 @@ fn embed_per_member(table: &Weight, ids: &Act, c: i64) -> Result<Act> {
             .mul(&f.scalar_of(flat.dtype(), rows as f64)?)?;
         offs.add(&ids.v.reshape(&[c, t])?)?.reshape(&[c * t])
     };
+    let (table, i) = table.stored();
+    let rows = |w: &Value, ids: &Value| lookup(w, ids, i);
     let y = match table {
-        Weight::Plain(w) => w.take_rows(&flat)?,
+        Weight::Plain(w) => rows(w, &flat)?,
+        Weight::Members(_) | Weight::InOut(_) if i == 0 => return Err(not_in_out(op)),
         Weight::Members(w) => w.reshape(&[c * vocab, d])?.take_rows(&offset(vocab)?)?,
         Weight::LowRank { base, a, b, scale } => {
             let r = a.shape()[1];
-            let shared = base.take_rows(&flat)?.reshape(&[c, t, d])?;
+            let shared = rows(base, &flat)?.reshape(&[c, t, d])?;
             // A[ids] per member: [C, r, V] -> [C, V, r] -> rows [C·T, r] -> [C, T, r]
             let arows = a
                 .transpose(&[0, 2, 1])?
@@ -592,6 +679,7 @@ fn embed_per_member(table: &Weight, ids: &Act, c: i64) -> Result<Act> {
             let corr = arows.dot_general(b, &DotDims::new(&[0], &[0], &[2], &[1]))?;
             shared.add(&corr)?
         }
+        Weight::InOut(_) => return Err(not_in_out(op)),
     };
     unflatten(y, Some(c), &lead, d)
 }

@@ -36,7 +36,8 @@
 //! - reductions: [`Func::reduce`] (multi-operand), `reduce_sum reduce_max reduce_min
 //!   reduce_mean`, [`Value::argmax`];
 //! - [`Func::sort`] (multi-operand, comparator closure), [`Func::sort_ascending`];
-//! - [`Value::take_rows`] (gather), [`Value::scatter_rows`], [`Value::scatter_add_rows`];
+//! - [`Value::take_rows`] (gather), [`Value::take_cols`], [`Value::scatter_rows`],
+//!   [`Value::scatter_add_rows`];
 //! - control: [`Func::while_loop`], [`Func::fori_loop`], [`Func::call`],
 //!   [`Func::optimization_barrier`];
 //! - sharding: [`Value::shard`] (`sdy.sharding_constraint`), [`Func::manual_computation`]

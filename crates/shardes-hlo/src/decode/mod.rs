@@ -327,6 +327,11 @@ impl<D: Decoder> MemberOutputs for DecodeSpec<D> {
         self.decoder.member_bytes(&self.shape)
     }
 
+    /// Every token reads every matrix: they are transposed once per call.
+    fn matrices_in_out(&self) -> bool {
+        true
+    }
+
     /// A chunk's members' rows are one batch through the weights: as many as fit.
     fn chunk_policy(&self) -> ChunkPolicy {
         ChunkPolicy::Batch { bytes: BATCH_BYTES }

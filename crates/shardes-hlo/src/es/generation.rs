@@ -140,6 +140,9 @@ pub(super) struct Emitter<'a> {
     /// model's loop reads a row of ([`Emitter::drawing_layers_per_chunk`]), rather than
     /// inside the model's loop.
     per_chunk: bool,
+    /// Whether the parameter values handed over hold every matrix transposed, `(in, out)`
+    /// ([`Emitter::with_matrices_in_out`]).
+    in_out: bool,
 }
 
 impl<'a> Emitter<'a> {
@@ -160,6 +163,7 @@ impl<'a> Emitter<'a> {
             members: (0, es.n),
             layers: None,
             per_chunk: false,
+            in_out: false,
         })
     }
 
@@ -200,6 +204,24 @@ impl<'a> Emitter<'a> {
     pub(super) fn drawing_layers_per_chunk(mut self) -> Self {
         self.per_chunk = true;
         self
+    }
+
+    /// The same emitter for parameter values whose matrices (2-D leaves, and the rows of
+    /// `[L, …]` stacks of them) are transposed, `(in, out)` ([`Layout::in_out`]): it hands
+    /// the model [`Weight::InOut`] weights, and transposes a matrix back where dense noise
+    /// is added to it.
+    pub(super) fn with_matrices_in_out(mut self, in_out: bool) -> Self {
+        self.in_out = in_out;
+        self
+    }
+
+    /// `w` as the model gets it: [`Weight::InOut`] when the values are stored so.
+    fn matrix(&self, w: Weight) -> Result<Leaf, EsError> {
+        Ok(Leaf::Matrix(if self.in_out {
+            Weight::in_out(w)?
+        } else {
+            w
+        }))
     }
 
     /// Whether `apply` keeps its noise for `tell` ([`ShardedES::keeps_noise`]). Not with
@@ -355,7 +377,7 @@ impl<'a> Emitter<'a> {
             let (noise, sig) = match how {
                 Perturb::Frozen => {
                     let plain = if leaf.shape.len() == 2 {
-                        Leaf::Matrix(Weight::Plain(theta.clone()))
+                        self.matrix(Weight::Plain(theta.clone()))?
                     } else {
                         Leaf::Dense(Act::shared(theta.clone()))
                     };
@@ -371,14 +393,19 @@ impl<'a> Emitter<'a> {
                 Noise::Factors { a, b } => {
                     let r = a.shape()[1];
                     let inv = f.scalar(1.0f32 / (r as f32).sqrt())?;
-                    Leaf::Matrix(Weight::LowRank {
+                    self.matrix(Weight::LowRank {
                         base: theta.clone(),
                         a,
                         b,
                         scale: sig.mul(&inv)?,
-                    })
+                    })?
                 }
                 Noise::Dense(e) => {
+                    let theta = &if self.in_out && leaf.shape.len() == 2 {
+                        theta.transpose(&[1, 0])?
+                    } else {
+                        theta.clone()
+                    };
                     let c = e.shape()[0];
                     let mut shape = vec![c];
                     shape.extend_from_slice(theta.shape());

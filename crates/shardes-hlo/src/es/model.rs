@@ -199,6 +199,20 @@ impl<'a> ModelParams<'a> {
         Self::new(entries.collect())
     }
 
+    /// [`ModelParams::plain`] of values whose 2-D leaves hold their matrices' transposes
+    /// (`(in, out)`, [`crate::es::Layout::in_out`]): each one a [`Weight::InOut`].
+    pub fn plain_in_out(leaves: Vec<(String, Value)>) -> Result<Self, EsError> {
+        let entries = leaves.into_iter().map(|(path, v)| {
+            let leaf = if v.rank() == 2 {
+                Leaf::Matrix(Weight::in_out(Weight::Plain(v))?)
+            } else {
+                Leaf::Dense(Act::shared(v))
+            };
+            Ok((path, leaf))
+        });
+        Ok(Self::new(entries.collect::<Result<_, EsError>>()?))
+    }
+
     fn record(&self, path: &str, a: Access) {
         self.access
             .borrow_mut()
@@ -246,7 +260,15 @@ impl<'a> ModelParams<'a> {
                 self.record(path, Access::Raw);
                 Ok(Act::per_member(w.clone())?)
             }
-            Some(Leaf::Matrix(Weight::LowRank { .. })) => {
+            Some(Leaf::Matrix(Weight::InOut(w))) if matches!(**w, Weight::Plain(_)) => {
+                self.record(path, Access::Raw);
+                match &**w {
+                    // Stored (in, out): the tensor is its transpose.
+                    Weight::Plain(v) => Ok(Act::shared(v.transpose(&[1, 0])?)),
+                    _ => Err(self.missing(path)),
+                }
+            }
+            Some(Leaf::Matrix(Weight::LowRank { .. } | Weight::InOut(_))) => {
                 self.record(path, Access::Raw);
                 Err(EsError::Param {
                     path: path.into(),

@@ -82,6 +82,14 @@ pub trait MemberOutputs {
         None
     }
 
+    /// Whether the model reads its matrices many times per call (a decoder, once per
+    /// token): the program then transposes every matrix once, before its member chunks,
+    /// and hands the model [`crate::nn::Weight::InOut`] weights, which the seams read
+    /// with the same values and XLA:CPU's dots with few rows read faster.
+    fn matrices_in_out(&self) -> bool {
+        false
+    }
+
     /// How the default member chunk is sized, as [`Model::chunk_policy`].
     fn chunk_policy(&self) -> ChunkPolicy {
         ChunkPolicy::Cache
@@ -127,6 +135,10 @@ impl MemberOutputs for WithTasks<'_> {
 
     fn member_bytes(&self) -> Option<usize> {
         self.0.member_bytes()
+    }
+
+    fn matrices_in_out(&self) -> bool {
+        self.0.matrices_in_out()
     }
 
     fn chunk_policy(&self) -> ChunkPolicy {
@@ -270,13 +282,15 @@ impl ShardedES {
         let emitter = Emitter::new(self, &layout, chunk)?
             .with_members(members.start, members.len())
             .with_layers(model.layers())
-            .drawing_layers_per_chunk();
+            .drawing_layers_per_chunk()
+            .with_matrices_in_out(model.matrices_in_out());
         let outs = OutputsEmitter {
             es: self,
             emitter: &emitter,
             layout: &layout,
             chunk: chunk as i64,
             perturbed,
+            in_out: model.matrices_in_out(),
         }
         .emit(model, &f, &args)?;
         layout.emit_outputs(&f, &outs)?;
@@ -292,6 +306,9 @@ struct OutputsEmitter<'a> {
     layout: &'a Layout,
     chunk: i64,
     perturbed: bool,
+    /// Whether the matrices are transposed once, before the chunks
+    /// ([`MemberOutputs::matrices_in_out`]).
+    in_out: bool,
 }
 
 impl OutputsEmitter<'_> {
@@ -354,6 +371,13 @@ impl OutputsEmitter<'_> {
         } else {
             None
         };
+        let stored;
+        let params = if self.in_out {
+            stored = self.layout.in_out(params)?;
+            &stored[..]
+        } else {
+            params
+        };
         let types = self.layout.outputs.clone();
         let mut inits = Vec::with_capacity(types.len());
         for (_, t) in &types {
@@ -390,14 +414,17 @@ impl OutputsEmitter<'_> {
                         |mp, _| model.outputs(mp, inputs, &info()?),
                     )?
                 } else {
-                    let mp = ModelParams::plain(
-                        leaves
-                            .iter()
-                            .zip(self.layout.views(params)?)
-                            .map(|(l, v)| (l.path.clone(), v))
-                            .collect(),
-                    )
-                    .with_compute_dtype(self.es.compute_dtype())?;
+                    let views = leaves
+                        .iter()
+                        .zip(self.layout.views(params)?)
+                        .map(|(l, v)| (l.path.clone(), v))
+                        .collect();
+                    let mp = if self.in_out {
+                        ModelParams::plain_in_out(views)?
+                    } else {
+                        ModelParams::plain(views)
+                    };
+                    let mp = mp.with_compute_dtype(self.es.compute_dtype())?;
                     model.outputs(&mp, inputs, &info()?)?
                 };
                 if outs.len() != types.len() {

@@ -208,6 +208,7 @@ fn convert_weight(w: Weight, dtype: DType) -> Result<Weight, EsError> {
             b: c(b)?,
             scale: c(scale)?,
         },
+        Weight::InOut(w) => Weight::InOut(Box::new(convert_weight(*w, dtype)?)),
     })
 }
 

@@ -31,10 +31,11 @@ impl Stack {
         TensorType::f32(&shape)
     }
 
-    /// Row `l` of the stack's value `v`: layer `l`'s leaf.
+    /// Row `l` of the stack's value `v`: layer `l`'s leaf (of `v`'s row shape, which is
+    /// the leaf's transpose for a stack of matrices stored `(in, out)`: [`Layout::in_out`]).
     pub fn row(&self, v: &Value, l: usize) -> Result<Value, EsError> {
         let l = l as i64;
-        Ok(v.slice_in_dim(l, l + 1, 0)?.reshape(&self.shape)?)
+        Ok(v.slice_in_dim(l, l + 1, 0)?.reshape(&v.shape()[1..])?)
     }
 
     /// The stack's value from its layers' leaves `rows` (one per layer, in order).
@@ -132,17 +133,45 @@ impl Layout {
         }
     }
 
+    /// Refuses `slots` unless it holds one value per parameter argument.
+    fn check_slot_values(&self, slots: &[Value]) -> Result<(), EsError> {
+        if slots.len() == self.slots.len() {
+            return Ok(());
+        }
+        Err(self.count_error(
+            "parameter values",
+            slots.len(),
+            self.slots.len(),
+            "one per parameter argument".into(),
+        ))
+    }
+
+    /// The parameter arguments' values `slots` with every matrix transposed, `(in, out)`:
+    /// a 2-D leaf's argument, and a stack of them (`[L, out, in]`) as `[L, in, out]`.
+    /// [`Layout::views`] of the result gives each matrix's transpose.
+    pub fn in_out(&self, slots: &[Value]) -> Result<Vec<Value>, EsError> {
+        self.check_slot_values(slots)?;
+        self.slots
+            .iter()
+            .zip(slots)
+            .map(|(slot, v)| {
+                let matrix = match *slot {
+                    Slot::Leaf(p) => self.leaves[p].shape.len() == 2,
+                    Slot::Stack(s) => self.stacks[s].shape.len() == 2,
+                };
+                Ok(match v.rank() {
+                    2 if matrix => v.transpose(&[1, 0])?,
+                    3 if matrix => v.transpose(&[0, 2, 1])?,
+                    _ => v.clone(),
+                })
+            })
+            .collect()
+    }
+
     /// Every leaf's value (in [`Layout::leaves`] order) from the parameter arguments'
     /// values `slots`: a stacked leaf is its row of the stack.
     pub fn views(&self, slots: &[Value]) -> Result<Vec<Value>, EsError> {
-        if slots.len() != self.slots.len() {
-            return Err(self.count_error(
-                "parameter values",
-                slots.len(),
-                self.slots.len(),
-                "one per parameter argument".into(),
-            ));
-        }
+        self.check_slot_values(slots)?;
         let mut out: Vec<Option<Value>> = vec![None; self.leaves.len()];
         for (slot, v) in self.slots.iter().zip(slots) {
             match *slot {

@@ -51,12 +51,13 @@ pub(super) fn leaves_of(attention_bias: bool) -> Vec<(&'static str, bool)> {
         .collect()
 }
 
-/// How one leaf is held, which says how many values carry it.
+/// How one leaf is held, which says how many values carry it (a shared matrix stored
+/// `(in, out)` or not: [`Weight::InOut`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
-    Plain,
+    Plain { in_out: bool },
     Members,
-    LowRank,
+    LowRank { in_out: bool },
     Shared,
     PerMember,
 }
@@ -100,9 +101,14 @@ impl Stacked {
         for &(name, matrix) in names {
             let path = format!("model.layers.{l}.{name}");
             if matrix {
-                match p.weight(&path)? {
+                let w = p.weight(&path)?;
+                let (w, in_out) = match w {
+                    Weight::InOut(w) => (*w, true),
+                    w => (w, false),
+                };
+                match w {
                     Weight::Plain(v) => {
-                        kinds.push(Kind::Plain);
+                        kinds.push(Kind::Plain { in_out });
                         vals.push(v);
                     }
                     Weight::Members(v) => {
@@ -110,8 +116,14 @@ impl Stacked {
                         vals.push(v);
                     }
                     Weight::LowRank { base, a, b, scale } => {
-                        kinds.push(Kind::LowRank);
+                        kinds.push(Kind::LowRank { in_out });
                         vals.extend([base, a, b, scale]);
+                    }
+                    Weight::InOut(_) => {
+                        return Err(EsError::Invalid {
+                            message: format!("{path} is stored (in, out) twice"),
+                            fix: "build an (in, out) weight with Weight::in_out".into(),
+                        })
                     }
                 }
             } else {
@@ -177,15 +189,18 @@ impl Stacked {
         };
         let mut leaves = Vec::with_capacity(self.names.len());
         for ((name, _), kind) in self.names.iter().zip(&self.kinds) {
-            let leaf = match kind {
-                Kind::Plain => Leaf::Matrix(Weight::Plain(next()?)),
+            let leaf = match *kind {
+                Kind::Plain { in_out } => Leaf::Matrix(stored(Weight::Plain(next()?), in_out)?),
                 Kind::Members => Leaf::Matrix(Weight::Members(next()?)),
-                Kind::LowRank => Leaf::Matrix(Weight::LowRank {
-                    base: next()?,
-                    a: next()?,
-                    b: next()?,
-                    scale: next()?,
-                }),
+                Kind::LowRank { in_out } => Leaf::Matrix(stored(
+                    Weight::LowRank {
+                        base: next()?,
+                        a: next()?,
+                        b: next()?,
+                        scale: next()?,
+                    },
+                    in_out,
+                )?),
                 Kind::Shared => Leaf::Dense(Act::shared(next()?)),
                 Kind::PerMember => Leaf::Dense(Act::per_member(next()?)?),
             };
@@ -193,6 +208,11 @@ impl Stacked {
         }
         Ok(ModelParams::new(leaves))
     }
+}
+
+/// `w`, as [`Weight::in_out`] where its values are stored `(in, out)`.
+fn stored(w: Weight, in_out: bool) -> Result<Weight, EsError> {
+    Ok(if in_out { Weight::in_out(w)? } else { w })
 }
 
 impl LayerSource for Stacked {
@@ -212,11 +232,11 @@ fn member_count(kinds: &[Kind], vals: &[Value]) -> Option<i64> {
         let first = it.next()?;
         match k {
             Kind::Members | Kind::PerMember => return first.shape().first().copied(),
-            Kind::LowRank => {
+            Kind::LowRank { .. } => {
                 let (_, _, scale) = (it.next()?, it.next()?, it.next()?);
                 return scale.shape().first().copied();
             }
-            Kind::Plain | Kind::Shared => {}
+            Kind::Plain { .. } | Kind::Shared => {}
         }
     }
     None
