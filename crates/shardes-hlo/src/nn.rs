@@ -12,7 +12,7 @@
 //! program that reads its shared matrices many times (a decoder's token loop) can transpose
 //! them once and hand them over stored `(in, out)` ([`Weight::InOut`]): the seams compute
 //! the same values from either layout, and XLA:CPU's dot with few rows runs faster on the
-//! second (docs/performance.md, "The weights stored (in, out)").
+//! second (docs/performance.md, "Decoding: the weights stored (in, out)").
 //!
 //! Precision: the seams compute in the weight's dtype (an input of another float dtype is
 //! rounded to it), and an elementwise op between float activations of different widths
