@@ -1,14 +1,15 @@
 //! The decode benchmark behind `shardes bench` on a decode config: tokens per second of
 //! the ES decode (every member's perturbation, [`ShardedES::outputs_program`]) against a
 //! plain batched greedy decode of the same `n × B` sequences through the unperturbed
-//! weights (the same program with [`PlainRows::Tiled`], zero noise:
+//! weights (the same program with
+//! [`PlainRows::Tiled`](crate::hlo::decode::PlainRows::Tiled), zero noise:
 //! [`ShardedES::plain_outputs_program`]), timed side by side in one process.
 //!
 //! Each round times one call of each, interleaved (machine noise hits both alike), and,
 //! to split the time, the same two programs compiled for one new token (prefill and the
 //! first token alone). No EOS id is set, so every call generates `n × B × T` tokens.
 //! Then, unless `gemm_size` is 0, the f32 GEMM peak of the same devices
-//! ([`super::gemm_peak_gflops`]), the yardstick for the per-token step's FLOP rate.
+//! ([`crate::bench::gemm_peak_gflops`]), the yardstick for the per-token step's FLOP rate.
 
 use std::time::Instant;
 

@@ -28,7 +28,7 @@ pub enum LeafSigma {
 }
 
 /// What the program does with one leaf, resolved against the tree
-/// ([`ShardedES::leaf_scales`]).
+/// ([`crate::es::ShardedES::leaf_scales`]).
 #[derive(Clone, Debug, PartialEq)]
 pub enum LeafScale {
     /// No noise, no update; the model reads it as a plain weight.

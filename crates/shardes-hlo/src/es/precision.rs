@@ -3,7 +3,7 @@
 //!
 //! Under `bf16`:
 //! - each chunk's unit noise is rounded to bf16 once, where it is drawn
-//!   ([`round_noise`], called by the emitter's one noise source), and kept as f32 values
+//!   (`round_noise`, called by the emitter's one noise source), and kept as f32 values
 //!   that are exactly bf16 numbers: `apply` perturbs with them and `tell` contracts them
 //!   (in f32 accumulation), so both see the same bits;
 //! - every leaf the model reads is converted to bf16 ([`crate::es::ModelParams::with_compute_dtype`]):

@@ -1,6 +1,7 @@
-//! Qwen2 as a [`Decoder`]: a prefill over the padded prompt and one-token steps over a
-//! per-layer KV cache (`[R, KV, S, hd]` each for keys and values, per member where the
-//! parameters are, in the compute dtype), every 2-D weight read through the seams.
+//! Qwen2 as a [`crate::decode::Decoder`]: a prefill over the padded prompt and one-token
+//! steps over a per-layer KV cache (`[R, KV, S, hd]` each for keys and values, per member
+//! where the parameters are, in the compute dtype), every 2-D weight read through the
+//! seams.
 //!
 //! The arithmetic is the forward's (`Qwen2::forward`): the same RMSNorm, RoPE tables
 //! (positions as f32 times the inverse frequencies), projections, softmax and MLP; a step
