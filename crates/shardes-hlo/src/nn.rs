@@ -44,7 +44,7 @@ pub enum Weight {
     /// A [`Weight::Plain`] or [`Weight::LowRank`] whose shared matrix is stored
     /// transposed, `(k, m)`: the same weight to the seams, which contract the matrix's
     /// first axis instead of its second (and gather an embedding's columns). Made by
-    /// [`Weight::stored_in_out`] or [`Weight::in_out`].
+    /// [`Weight::in_out`].
     InOut(Box<Weight>),
 }
 
@@ -63,20 +63,14 @@ impl Weight {
         }
     }
 
-    /// The same weight with its shared matrix stored `(in, out)`: a transpose of a plain
-    /// matrix or a low-rank base. A per-member weight, and one stored so already, are
-    /// returned as they are.
-    pub fn stored_in_out(&self) -> Result<Weight> {
-        Ok(match self {
-            Weight::Plain(w) => Weight::in_out(Weight::Plain(w.transpose(&[1, 0])?))?,
-            Weight::LowRank { base, a, b, scale } => Weight::in_out(Weight::LowRank {
-                base: base.transpose(&[1, 0])?,
-                a: a.clone(),
-                b: b.clone(),
-                scale: scale.clone(),
-            })?,
-            Weight::Members(_) | Weight::InOut(_) => self.clone(),
-        })
+    /// `self` as [`Weight::in_out`] makes it when `in_out` (its values hold the transpose),
+    /// else as it is.
+    pub fn in_out_if(self, in_out: bool) -> Result<Weight> {
+        if in_out {
+            Weight::in_out(self)
+        } else {
+            Ok(self)
+        }
     }
 
     /// The matrix shape `(m, k)` every member sees.
@@ -110,13 +104,22 @@ impl Weight {
         }
     }
 
-    /// The weight as the seams contract it: the weight stored `(out, in)` and the axis
-    /// of its shared matrix that meets the input (1 stored `(out, in)`, 0 stored
-    /// `(in, out)`).
-    fn stored(&self) -> (&Weight, usize) {
+    /// The weight as seam `op` contracts it: the weight stored `(out, in)` and the axis of
+    /// its shared matrix that meets the input (1 stored `(out, in)`, 0 stored `(in, out)`).
+    /// Refuses an [`Weight::InOut`] that [`Weight::in_out`] would not have made (a
+    /// per-member matrix, or one transposed twice, built as a variant by hand).
+    fn stored(&self, op: &str) -> Result<(&Weight, usize)> {
         match self {
-            Weight::InOut(w) => (w, 0),
-            w => (w, 1),
+            Weight::InOut(w) => match **w {
+                Weight::Plain(_) | Weight::LowRank { .. } => Ok((w, 0)),
+                _ => Err(seam_err(
+                    op,
+                    "Weight::InOut".into(),
+                    "only a plain or low-rank weight is stored (in, out); build it with \
+                     Weight::in_out",
+                )),
+            },
+            w => Ok((w, 1)),
         }
     }
 
@@ -525,14 +528,13 @@ pub fn dense(x: &Act, w: &Weight) -> Result<Act> {
     }
     let (xf, lead) = flatten_rows(x)?;
     // `i`: the shared matrix's input axis (its first when stored (in, out)).
-    let (w, i) = w.stored();
+    let (w, i) = w.stored(op)?;
     match (w, x.members) {
         (Weight::Plain(w), c) => {
             let r = xf.rank();
             let y = xf.dot_general(w, &DotDims::new(&[], &[], &[r - 1], &[i]))?;
             unflatten(y, c, &lead, m)
         }
-        (Weight::Members(_) | Weight::InOut(_), _) if i == 0 => Err(not_in_out(op)),
         (Weight::Members(w), None) => {
             // [T, k] · [C, m, k] -> [T, C, m] -> [C, T, m]
             let y = xf
@@ -566,18 +568,18 @@ pub fn dense(x: &Act, w: &Weight) -> Result<Act> {
             let corr = corr.mul(&scale.broadcast_in_dim(&[c, t, m], &[0])?)?;
             unflatten(base_out.add(&corr)?, Some(c), &lead, m)
         }
-        (Weight::InOut(_), _) => Err(not_in_out(op)),
+        (Weight::InOut(_), _) => unreachable_in_out(op),
     }
 }
 
-/// The error of a weight [`Weight::in_out`] would not have made (a per-member matrix, or
-/// one transposed twice, built as a variant by hand).
-fn not_in_out(op: &str) -> HloError {
-    seam_err(
+/// The arm of a match on a weight [`Weight::stored`] returned, which is never
+/// [`Weight::InOut`]: an error rather than a panic all the same.
+fn unreachable_in_out<T>(op: &str) -> Result<T> {
+    Err(seam_err(
         op,
         "Weight::InOut".into(),
-        "only a plain or low-rank weight is stored (in, out); build it with Weight::in_out",
-    )
+        "a weight stored (in, out) twice; build it with Weight::in_out",
+    ))
 }
 
 /// `embed(E, ids) = E[ids]` for a table `E` of shape `(vocab, d)`; `ids` are integers of
@@ -595,11 +597,10 @@ pub fn embed(table: &Weight, ids: &Act) -> Result<Act> {
     let lead = ids.logical_shape().to_vec();
     let t: i64 = lead.iter().product();
     let flat = ids.v.reshape(&[t])?;
-    let (table, i) = table.stored();
+    let (table, i) = table.stored(op)?;
     let rows = |w: &Value, ids: &Value| lookup(w, ids, i);
     match table {
         Weight::Plain(w) => unflatten(rows(w, &flat)?, None, &lead, d),
-        Weight::Members(_) | Weight::InOut(_) if i == 0 => Err(not_in_out(op)),
         Weight::Members(w) => {
             let c = w.shape()[0];
             // Row c·vocab + id of the flattened [C·vocab, d] table.
@@ -622,7 +623,7 @@ pub fn embed(table: &Weight, ids: &Act) -> Result<Act> {
             let y = shared.broadcast_in_dim(&[c, t, d], &[1, 2])?.add(&corr)?;
             unflatten(y, Some(c), &lead, d)
         }
-        Weight::InOut(_) => Err(not_in_out(op)),
+        Weight::InOut(_) => unreachable_in_out(op),
     }
 }
 
@@ -660,11 +661,10 @@ fn embed_per_member(table: &Weight, ids: &Act, c: i64) -> Result<Act> {
             .mul(&f.scalar_of(flat.dtype(), rows as f64)?)?;
         offs.add(&ids.v.reshape(&[c, t])?)?.reshape(&[c * t])
     };
-    let (table, i) = table.stored();
+    let (table, i) = table.stored(op)?;
     let rows = |w: &Value, ids: &Value| lookup(w, ids, i);
     let y = match table {
         Weight::Plain(w) => rows(w, &flat)?,
-        Weight::Members(_) | Weight::InOut(_) if i == 0 => return Err(not_in_out(op)),
         Weight::Members(w) => w.reshape(&[c * vocab, d])?.take_rows(&offset(vocab)?)?,
         Weight::LowRank { base, a, b, scale } => {
             let r = a.shape()[1];
@@ -679,7 +679,7 @@ fn embed_per_member(table: &Weight, ids: &Act, c: i64) -> Result<Act> {
             let corr = arows.dot_general(b, &DotDims::new(&[0], &[0], &[2], &[1]))?;
             shared.add(&corr)?
         }
-        Weight::InOut(_) => return Err(not_in_out(op)),
+        Weight::InOut(_) => return unreachable_in_out(op),
     };
     unflatten(y, Some(c), &lead, d)
 }

@@ -215,13 +215,15 @@ impl<'a> Emitter<'a> {
         self
     }
 
+    /// Whether the parameter values hold every matrix transposed
+    /// ([`Emitter::with_matrices_in_out`]).
+    pub(super) fn matrices_in_out(&self) -> bool {
+        self.in_out
+    }
+
     /// `w` as the model gets it: [`Weight::InOut`] when the values are stored so.
     fn matrix(&self, w: Weight) -> Result<Leaf, EsError> {
-        Ok(Leaf::Matrix(if self.in_out {
-            Weight::in_out(w)?
-        } else {
-            w
-        }))
+        Ok(Leaf::Matrix(w.in_out_if(self.in_out)?))
     }
 
     /// Whether `apply` keeps its noise for `tell` ([`ShardedES::keeps_noise`]). Not with

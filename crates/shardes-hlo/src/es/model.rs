@@ -199,18 +199,15 @@ impl<'a> ModelParams<'a> {
         Self::new(entries.collect())
     }
 
-    /// [`ModelParams::plain`] of values whose 2-D leaves hold their matrices' transposes
-    /// (`(in, out)`, [`crate::es::Layout::in_out`]): each one a [`Weight::InOut`].
-    pub fn plain_in_out(leaves: Vec<(String, Value)>) -> Result<Self, EsError> {
-        let entries = leaves.into_iter().map(|(path, v)| {
-            let leaf = if v.rank() == 2 {
-                Leaf::Matrix(Weight::in_out(Weight::Plain(v))?)
-            } else {
-                Leaf::Dense(Act::shared(v))
-            };
-            Ok((path, leaf))
-        });
-        Ok(Self::new(entries.collect::<Result<_, EsError>>()?))
+    /// These parameters with every matrix read as stored `(in, out)` ([`Weight::InOut`]),
+    /// for values that hold their matrices' transposes ([`crate::es::Layout::in_out`]).
+    pub fn matrices_in_out(mut self) -> Result<Self, EsError> {
+        for leaf in self.leaves.values_mut() {
+            if let Leaf::Matrix(w) = leaf {
+                *w = Weight::in_out(w.clone())?;
+            }
+        }
+        Ok(self)
     }
 
     fn record(&self, path: &str, a: Access) {
@@ -260,24 +257,27 @@ impl<'a> ModelParams<'a> {
                 self.record(path, Access::Raw);
                 Ok(Act::per_member(w.clone())?)
             }
-            Some(Leaf::Matrix(Weight::InOut(w))) if matches!(**w, Weight::Plain(_)) => {
-                self.record(path, Access::Raw);
-                match &**w {
-                    // Stored (in, out): the tensor is its transpose.
-                    Weight::Plain(v) => Ok(Act::shared(v.transpose(&[1, 0])?)),
-                    _ => Err(self.missing(path)),
+            Some(Leaf::Matrix(Weight::InOut(w))) => match &**w {
+                // Stored (in, out): the tensor is its transpose.
+                Weight::Plain(v) => {
+                    self.record(path, Access::Raw);
+                    Ok(Act::shared(v.transpose(&[1, 0])?))
                 }
-            }
-            Some(Leaf::Matrix(Weight::LowRank { .. } | Weight::InOut(_))) => {
-                self.record(path, Access::Raw);
-                Err(EsError::Param {
-                    path: path.into(),
-                    reason: "is a low-rank structured weight with no dense value; read it \
-                             through nn::dense or nn::embed (ModelParams::weight)"
-                        .into(),
-                })
-            }
+                _ => Err(self.no_dense_value(path)),
+            },
+            Some(Leaf::Matrix(Weight::LowRank { .. })) => Err(self.no_dense_value(path)),
             None => Err(self.missing(path)),
+        }
+    }
+
+    /// The error of a raw read of a structured weight (recorded as the read it was).
+    fn no_dense_value(&self, path: &str) -> EsError {
+        self.record(path, Access::Raw);
+        EsError::Param {
+            path: path.into(),
+            reason: "is a low-rank structured weight with no dense value; read it through \
+                     nn::dense or nn::embed (ModelParams::weight)"
+                .into(),
         }
     }
 

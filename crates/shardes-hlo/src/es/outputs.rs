@@ -290,7 +290,6 @@ impl ShardedES {
             layout: &layout,
             chunk: chunk as i64,
             perturbed,
-            in_out: model.matrices_in_out(),
         }
         .emit(model, &f, &args)?;
         layout.emit_outputs(&f, &outs)?;
@@ -306,9 +305,6 @@ struct OutputsEmitter<'a> {
     layout: &'a Layout,
     chunk: i64,
     perturbed: bool,
-    /// Whether the matrices are transposed once, before the chunks
-    /// ([`MemberOutputs::matrices_in_out`]).
-    in_out: bool,
 }
 
 impl OutputsEmitter<'_> {
@@ -371,8 +367,10 @@ impl OutputsEmitter<'_> {
         } else {
             None
         };
+        // The matrices transposed once, before the chunks ([`MemberOutputs::matrices_in_out`]).
+        let in_out = self.emitter.matrices_in_out();
         let stored;
-        let params = if self.in_out {
+        let params = if in_out {
             stored = self.layout.in_out(params)?;
             &stored[..]
         } else {
@@ -414,16 +412,14 @@ impl OutputsEmitter<'_> {
                         |mp, _| model.outputs(mp, inputs, &info()?),
                     )?
                 } else {
-                    let views = leaves
-                        .iter()
-                        .zip(self.layout.views(params)?)
-                        .map(|(l, v)| (l.path.clone(), v))
-                        .collect();
-                    let mp = if self.in_out {
-                        ModelParams::plain_in_out(views)?
-                    } else {
-                        ModelParams::plain(views)
-                    };
+                    let mp = ModelParams::plain(
+                        leaves
+                            .iter()
+                            .zip(self.layout.views(params)?)
+                            .map(|(l, v)| (l.path.clone(), v))
+                            .collect(),
+                    );
+                    let mp = if in_out { mp.matrices_in_out()? } else { mp };
                     let mp = mp.with_compute_dtype(self.es.compute_dtype())?;
                     model.outputs(&mp, inputs, &info()?)?
                 };

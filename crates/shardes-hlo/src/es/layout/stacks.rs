@@ -155,13 +155,9 @@ impl Layout {
             .iter()
             .zip(slots)
             .map(|(slot, v)| {
-                let matrix = match *slot {
-                    Slot::Leaf(p) => self.leaves[p].shape.len() == 2,
-                    Slot::Stack(s) => self.stacks[s].shape.len() == 2,
-                };
-                Ok(match v.rank() {
-                    2 if matrix => v.transpose(&[1, 0])?,
-                    3 if matrix => v.transpose(&[0, 2, 1])?,
+                Ok(match *slot {
+                    Slot::Leaf(p) if self.leaves[p].shape.len() == 2 => v.transpose(&[1, 0])?,
+                    Slot::Stack(s) if self.stacks[s].shape.len() == 2 => v.transpose(&[0, 2, 1])?,
                     _ => v.clone(),
                 })
             })

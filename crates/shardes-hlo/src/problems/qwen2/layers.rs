@@ -190,17 +190,17 @@ impl Stacked {
         let mut leaves = Vec::with_capacity(self.names.len());
         for ((name, _), kind) in self.names.iter().zip(&self.kinds) {
             let leaf = match *kind {
-                Kind::Plain { in_out } => Leaf::Matrix(stored(Weight::Plain(next()?), in_out)?),
+                Kind::Plain { in_out } => Leaf::Matrix(Weight::Plain(next()?).in_out_if(in_out)?),
                 Kind::Members => Leaf::Matrix(Weight::Members(next()?)),
-                Kind::LowRank { in_out } => Leaf::Matrix(stored(
+                Kind::LowRank { in_out } => Leaf::Matrix(
                     Weight::LowRank {
                         base: next()?,
                         a: next()?,
                         b: next()?,
                         scale: next()?,
-                    },
-                    in_out,
-                )?),
+                    }
+                    .in_out_if(in_out)?,
+                ),
                 Kind::Shared => Leaf::Dense(Act::shared(next()?)),
                 Kind::PerMember => Leaf::Dense(Act::per_member(next()?)?),
             };
@@ -208,11 +208,6 @@ impl Stacked {
         }
         Ok(ModelParams::new(leaves))
     }
-}
-
-/// `w`, as [`Weight::in_out`] where its values are stored `(in, out)`.
-fn stored(w: Weight, in_out: bool) -> Result<Weight, EsError> {
-    Ok(if in_out { Weight::in_out(w)? } else { w })
 }
 
 impl LayerSource for Stacked {
