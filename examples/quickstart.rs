@@ -8,7 +8,7 @@
 //! ```
 //!
 //! `shardes run examples/quickstart.toml` runs the same thing with progress, metrics and
-//! checkpoints. `tests/quickstart_example.rs` includes this file and checks that the loss
+//! checkpoints. `tests/suite/quickstart_example.rs` includes this file and checks that the loss
 //! falls.
 
 use shardes::hlo::es::EsSpec;

@@ -15,7 +15,7 @@ for t = 0..T-1 writes ctrl = `ctrl[t]` (in the actuators' [-1, 1] range, from th
 below, rounded to float32) and calls `mj_step` once, recording qpos and qvel after every step. Floats are
 written with Python's repr, which reads back to the same double.
 
-`tests/mujoco_fixture.rs` replays the same steps through shardes' bindings and compares.
+`tests/suite/mujoco_fixture.rs` replays the same steps through shardes' bindings and compares.
 """
 
 import json

@@ -33,9 +33,10 @@ run() {  # run NAME FILE TEST-ARGS...: mutate FILE, kill with the given cargo te
 # its baseline with `--package shardes-hlo` and those names, which fails, so the baseline is
 # checked here instead and skipped there.
 root() {  # root NAME FILE TEST...: mutate FILE, kill with the root package's tests TEST...
+  # (files of the one test binary tests/suite/: each TEST is a module filter, `TEST::`)
   local name=$1 file=$2; shift 2
-  local tests=()
-  for t in "$@"; do tests+=(--test "$t"); done
+  local tests=(--test suite --)
+  for t in "$@"; do tests+=("$t::"); done
   if [ "$(( deadline - $(date +%s) ))" -le 60 ]; then echo "mutants: budget spent before $name"; return; fi
   if ! cargo test -p shardes "${tests[@]}" >/dev/null 2>&1; then
     echo "mutants: $name: the unmutated tests ($*) fail; fix them first"; return

@@ -16,14 +16,14 @@ It writes:
   from `model.generate(do_sample=False)` (which decodes with a KV cache), with the smallest
   top-1/top-2 logit margin seen along the way (so a test knows the argmax is not a near tie).
 
-`tests/qwen2_fixture.rs` checks our logits against these within 1e-4 and our greedy tokens
+`tests/suite/qwen2_fixture.rs` checks our logits against these within 1e-4 and our greedy tokens
 exactly, and our tokenizer's ids against the `tokenizers` library's.
 
 With `--generate`, it loads the model it saved (nothing else is rewritten) and writes
 `generate.json`: `model.generate(do_sample=False)` completions of prompts of different
 lengths, each prompt alone, up to `max_new_tokens` and stopped by EOS (the EOS token
 included), once with the checkpoint's EOS id and once with an EOS id the model does emit;
-with the smallest top-1/top-2 margin along the way. `tests/decode_rows.rs` decodes the
+with the smallest top-1/top-2 margin along the way. `tests/suite/decode_rows.rs` decodes the
 prompts as one right-padded batch and checks every completion exactly:
 
     /tmp/hfvenv/bin/python tools/qwen2_fixture.py --generate tests/fixtures/qwen2_tiny

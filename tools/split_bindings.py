@@ -3,7 +3,7 @@
 
 Why: bindgen writes a C API as one Rust file, and the PJRT and MuJoCo bindings run to
 thousands of lines, past the 900 lines the workspace allows a source file (issue #38, held by
-tests/source_shape.rs). The generators (tools/gen_bindings.sh, tools/gen_mujoco_bindings.sh)
+tests/suite/source_shape.rs). The generators (tools/gen_bindings.sh, tools/gen_mujoco_bindings.sh)
 still build the single file exactly as before, then hand it to this script, so the split is a
 pure post-processing step: no item is added, dropped, reordered or changed.
 

@@ -44,9 +44,9 @@ pub fn out_dir() -> (tempfile::TempDir, std::path::PathBuf) {
     (dir, out)
 }
 
-/// This test binary running only `test` (one thread, output shown), with `var` set to
-/// `value` so that the test knows it is the child, its stderr discarded; the caller sets
-/// stdin and stdout and spawns it.
+/// This test binary running only `test` (its full name, `module::test`; one thread, output
+/// shown), with `var` set to `value` so that the test knows it is the child, its stderr
+/// discarded; the caller sets stdin and stdout and spawns it.
 pub fn this_test_as_child(test: &str, var: &str, value: &std::path::Path) -> std::process::Command {
     let mut c = std::process::Command::new(std::env::current_exe().unwrap());
     c.args([test, "--exact", "--nocapture", "--test-threads=1"])

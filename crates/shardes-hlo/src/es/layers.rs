@@ -204,7 +204,7 @@ impl LayerGroup {
     /// sliced dynamically is fused into the elementwise kernels that perturb and apply it,
     /// which rearranges their loops and with them where LLVM forms fused multiply-adds:
     /// the last bits of the losses then move against the unrolled program (measured on
-    /// `tests/qwen2_layers.rs`'s models, unpaired low rank on one device: 1 ulp), where
+    /// `tests/suite/qwen2_layers.rs`'s models, unpaired low rank on one device: 1 ulp), where
     /// through the `case` they are the same bits.
     pub(super) fn rows(stacks: &[Value], i: &Value) -> Result<Vec<Value>, EsError> {
         let f = i.func();

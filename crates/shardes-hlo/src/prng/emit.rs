@@ -231,7 +231,7 @@ pub fn normal_of_bits(bits: &Value) -> Result<Value> {
 }
 
 /// [`normal_of_bits`] with [`erf_inv_exact`] in place of `chlo.erf_inv`: the same bits on
-/// the CPU plugin (also when fused with an unrolled threefry draw, `tests/erf_inv_exact.rs`),
+/// the CPU plugin (also when fused with an unrolled threefry draw, `tests/suite/erf_inv_exact.rs`),
 /// and no scalar library call for XLA to make per element; more ops (f64 ones among them),
 /// which can keep LLVM from vectorizing a kernel with an inner loop, such as a fused `dot`.
 pub fn normal_of_bits_exact(bits: &Value) -> Result<Value> {

@@ -17,7 +17,7 @@
 //! full-rank noise", has the numbers.
 //!
 //! The results are the same bits as `chlo.erf_inv` for every f32 input in `[-1, 1]`,
-//! checked through the plugin (`tests/erf_inv_exact.rs`: a few million inputs with every
+//! checked through the plugin (`tests/suite/erf_inv_exact.rs`: a few million inputs with every
 //! edge class by default, all 2.1·10⁹ bit patterns of `(-1, 1)` in the slow tier). The log
 //! part was also checked on the host against this machine's glibc `logf` for every positive
 //! normal f32 below 1, with and without fused multiply-adds in the f64 steps (the f32 result

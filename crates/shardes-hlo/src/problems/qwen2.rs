@@ -64,7 +64,7 @@ pub struct Qwen2 {
 /// the loop compiles one layer's ops whatever the depth. Fitness and updates are the same
 /// bits, except under mirrored low rank on one device, where LLVM forms fused
 /// multiply-adds differently in the unrolled kernels than in the loop body and a loss can
-/// differ in its last bits (measured: at most 3 ulp, `tests/qwen2_layers.rs`); the
+/// differ in its last bits (measured: at most 3 ulp, `tests/suite/qwen2_layers.rs`); the
 /// unrolled program stays the default so that existing runs reproduce bit for bit.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Layers {
