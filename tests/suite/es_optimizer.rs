@@ -4,8 +4,8 @@
 //!
 //! The oracle is a host loop in f64 over 5 generations, fed with the program's own fitness:
 //! at each generation the host takes the fitness the trainer returns, shapes it with the
-//! spec's centered ranks, contracts the spec's noise (`crate::support::es::Es::contraction`, in f32)
-//! into `u`, forms `g = u / (nσ)` and applies the rule to its own f64 parameters and state,
+//! spec's centered ranks, contracts the spec's noise (`crate::support::es::Es::contraction`,
+//! in f32) into `u`, forms `g = u / (nσ)` and applies the rule to its own f64 parameters and state,
 //! which never see the device's. The MLP on 8 devices, `mirrored(lowrank(r=1))`, n = 16.
 //!
 //! Tolerances: per leaf, `‖θ_dev − θ_host‖ / ‖θ_host − θ₀‖ ≤ 3e-5` and, for each state

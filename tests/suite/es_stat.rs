@@ -1,4 +1,5 @@
-//! Statistical tier (ignored by default; `cargo test --release --test suite es_stat:: -- --ignored`).
+//! Statistical tier (ignored by default;
+//! `cargo test --release --test suite es_stat:: -- --ignored`).
 //!
 //! On `f(θ) = ½‖θ − θ*‖²` (leaves `b [7]`, `w (5, 3)`) at θ = 0, with shaping `none`, the
 //! ES gradient estimate `ĝ = 1/(nσ) Σ f_i s_i ε_i` is read off one generation with lr = 1:

@@ -28,35 +28,23 @@ fn program(m: usize, n: usize, k: usize, l: usize, way: &str) -> String {
     let t = if way == "bf16" { "bf16" } else { "f32" };
     let xt = format!("tensor<{m}x{k}x{t}>");
     let wl = format!("tensor<{k}x{n}x{t}>");
-    // The matrix arguments, the loop's extra carried values and their types.
-    let (args, carried, carried_types) = if way == "case" {
-        let args: String = (0..l).map(|j| format!(", %w{j}: {wl}")).collect();
-        let vals: String = (0..l).map(|j| format!(", %w{j}")).collect();
-        let types: String = (0..l).map(|_| format!(", {wl}")).collect();
-        (args, vals, types)
-    } else if way == "nt" || way == "tr" {
-        (
-            format!(", %w0: tensor<{l}x{n}x{k}x{t}>"),
-            String::new(),
-            String::new(),
-        )
-    } else {
-        (
-            format!(", %w: tensor<{l}x{k}x{n}x{t}>"),
-            String::new(),
-            String::new(),
-        )
+    // `case` carries the 30 matrices through the loop; the other ways carry nothing more.
+    let per_layer = |each: &dyn Fn(usize) -> String| -> String {
+        if way == "case" {
+            (0..l).map(each).collect()
+        } else {
+            String::new()
+        }
     };
-    let block_args: String = if way == "case" {
-        (0..l).map(|j| format!(", %v{j}: {wl}")).collect()
-    } else {
-        String::new()
+    let args = match way {
+        "case" => per_layer(&|j| format!(", %w{j}: {wl}")),
+        "nt" | "tr" => format!(", %w0: tensor<{l}x{n}x{k}x{t}>"),
+        _ => format!(", %w: tensor<{l}x{k}x{n}x{t}>"),
     };
-    let block_vals: String = if way == "case" {
-        (0..l).map(|j| format!(", %v{j}")).collect()
-    } else {
-        String::new()
-    };
+    let carried = per_layer(&|j| format!(", %w{j}"));
+    let carried_types = per_layer(&|_| format!(", {wl}"));
+    let block_args = per_layer(&|j| format!(", %v{j}: {wl}"));
+    let block_vals = per_layer(&|j| format!(", %v{j}"));
     let pre = if way == "tr" {
         format!("    %w = stablehlo.transpose %w0, dims = [0, 2, 1] : (tensor<{l}x{n}x{k}x{t}>) -> tensor<{l}x{k}x{n}x{t}>\n")
     } else {
