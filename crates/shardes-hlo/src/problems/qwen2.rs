@@ -198,18 +198,7 @@ fn convert_weight(w: Weight, dtype: DType) -> Result<Weight, EsError> {
     if dtype == DType::F32 {
         return Ok(w);
     }
-    let c = |v: Value| v.convert(dtype);
-    Ok(match w {
-        Weight::Plain(v) => Weight::Plain(c(v)?),
-        Weight::Members(v) => Weight::Members(c(v)?),
-        Weight::LowRank { base, a, b, scale } => Weight::LowRank {
-            base: c(base)?,
-            a: c(a)?,
-            b: c(b)?,
-            scale: c(scale)?,
-        },
-        Weight::InOut(w) => Weight::InOut(Box::new(convert_weight(*w, dtype)?)),
-    })
+    Ok(w.convert(dtype)?)
 }
 
 /// Rotary tables `(cos, sin)`, each `[s, hd]`, for positions `pos0 + 0..s`, in f32.
