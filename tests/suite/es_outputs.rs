@@ -13,7 +13,7 @@ use shardes::hlo::es::strategy::from_spec;
 use shardes::hlo::es::{
     leaf_infos, EsError, MemberInfo, MemberOutputs, Model, ModelParams, ShardedES, SAMPLE_TAG,
 };
-use shardes::hlo::nn::{self, Act, Base, Weight};
+use shardes::hlo::nn::{self, Act};
 use shardes::hlo::params::{Array, ParamTree};
 use shardes::hlo::prng::{fold_in, key, normal, Key};
 use shardes::runtime::Client;
@@ -392,107 +392,6 @@ fn matrices_handed_over_in_out_give_the_same_bits() {
         for outs in [&stored, &in_out] {
             assert_eq!(outs[10].as_f32().unwrap(), want.repeat(16), "{strategy}");
             assert_eq!(outs[11].as_f32().unwrap(), own.as_slice(), "{strategy}");
-        }
-    }
-}
-
-/// `w` with its shared matrix replaced by `g` of it (a per-member matrix, under dense
-/// noise, has none and is kept).
-fn with_base(w: &Weight, g: &dyn Fn(&Value) -> Result<Base, EsError>) -> Result<Weight, EsError> {
-    Ok(match w {
-        Weight::Plain(b) => Weight::Plain(g(&b.value()?)?),
-        Weight::LowRank { base, a, b, scale } => Weight::LowRank {
-            base: g(&base.value()?)?,
-            a: a.clone(),
-            b: b.clone(),
-            scale: scale.clone(),
-        },
-        Weight::InOut(inner) => Weight::in_out(with_base(inner, g)?)?,
-        other => other.clone(),
-    })
-}
-
-/// `dense` and `embed` of `w`'s shared matrix read as layer `layer` (an input, so XLA
-/// cannot fold the `case`) of three, `[2w, w, 3w]` (`nn::Base::Layer`), beside the same
-/// seams of `w` and of `3w` read directly.
-struct Layered {
-    in_out: bool,
-}
-
-impl MemberOutputs for Layered {
-    fn input_types(&self) -> Vec<(String, TensorType)> {
-        let mut types = Linear.input_types();
-        types.push(("layer".into(), TensorType::i32(&[])));
-        types
-    }
-
-    fn output_types(&self) -> Vec<(String, TensorType)> {
-        let y = TensorType::f32(&[ROWS as i64, OUT as i64]);
-        let rows = TensorType::f32(&[2, IN as i64]);
-        let names = ["layer", "w", "3w"];
-        let of = |what: &str, t: &TensorType| names.map(|n| (format!("{what} {n}"), t.clone()));
-        [of("y", &y), of("y per member", &y), of("rows", &rows)].concat()
-    }
-
-    fn outputs(&self, p: &ModelParams, x: &[Value], m: &MemberInfo) -> Result<Vec<Act>, EsError> {
-        let f = x[0].func();
-        let w = p.weight("w")?;
-        let times =
-            |b: &Value, k: f32| -> Result<Value, EsError> { Ok(b.mul(&f.full(k, b.shape())?)?) };
-        let layered = with_base(&w, &|b| {
-            let layers = vec![times(b, 2.0)?, b.clone(), times(b, 3.0)?];
-            Ok(Base::layer(x[1].clone(), layers)?)
-        })?;
-        let thrice = with_base(&w, &|b| Ok(Base::One(times(b, 3.0)?)))?;
-        let shared = Act::shared(x[0].clone());
-        let c = m.ids.shape()[0];
-        let own = Act::per_member(x[0].broadcast_in_dim(&[c, ROWS as i64, IN as i64], &[1, 2])?)?;
-        let ids = Act::shared(f.constant(&[2], &[6i32, 1])?);
-        let mut out = Vec::new();
-        for xs in [&shared, &own] {
-            for v in [&layered, &w, &thrice] {
-                out.push(nn::dense(xs, v)?);
-            }
-        }
-        for v in [&layered, &w, &thrice] {
-            out.push(nn::embed(v, &ids)?);
-        }
-        Ok(out)
-    }
-
-    fn matrices_in_out(&self) -> bool {
-        self.in_out
-    }
-}
-
-#[test]
-fn a_layers_matrix_read_in_place_gives_the_bits_of_the_matrix_itself() {
-    let client = Client::cpu(8).unwrap();
-    let tree = params();
-    let k = key(5).unwrap();
-    // Low rank (a base and factors) and the unperturbed program (a plain weight); dense
-    // noise has no shared matrix to read in place.
-    for strategy in ["lowrank(r=1)", "mirrored(lowrank(r=2))"] {
-        let e = es(strategy, 16, 8);
-        for in_out in [false, true] {
-            let model = Layered { in_out };
-            let pop = OutputsRunner::with_state(&client, &e, &model, &tree, k, 2).unwrap();
-            let plain = e.plain_outputs_program(&model, &leaf_infos(&tree)).unwrap();
-            let exe = pop.compile(&plain).unwrap();
-            for layer in [1, 2] {
-                let inputs = [x(), HostArray::i32(&[], vec![layer])];
-                let mut outs = pop.outputs(&inputs).unwrap();
-                outs.extend(pop.run(&exe, &plain.layout, &inputs).unwrap());
-                // In each group of three: the layer read in place, `w` (layer 1), `3w`.
-                let want = layer as usize;
-                for (program, o) in [("ES", &outs[..9]), ("plain", &outs[9..])] {
-                    let what = format!("{strategy}, in_out {in_out}, layer {layer}, {program}");
-                    for g in [0, 3, 6] {
-                        assert_eq!(bits(&o[g]), bits(&o[g + want]), "output {g}: {what}");
-                        assert_ne!(bits(&o[g + 1]), bits(&o[g + 2]), "output {g}: {what}");
-                    }
-                }
-            }
         }
     }
 }

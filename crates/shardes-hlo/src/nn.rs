@@ -8,10 +8,6 @@
 //! per member; the factors are never multiplied out. [`Weight`] has no arithmetic of its
 //! own, so a model cannot densify a structured weight by accident.
 //!
-//! A weight's shared matrix is a [`Base`]: one value, or, in a decoder's loop over its
-//! repeated layers, layer `i`'s among one value per layer, which the seams read where it
-//! lies instead of copying it out on every pass.
-//!
 //! Weights are stored `(out, in)`: `dense(x, W) = x · Wᵀ`, `embed(E, ids) = E[ids]`. A
 //! program that reads its shared matrices many times (a decoder's token loop) can transpose
 //! them once and hand them over stored `(in, out)` ([`Weight::InOut`]): the seams compute
@@ -24,136 +20,20 @@
 //! bf16 ([`Weight::convert`]), so the contractions run in bf16 while an f32 input, target
 //! or residual keeps its precision where it meets them.
 
-use crate::builder::{broadcast_shape, DType, DotDims, HloError, Result, TensorType, Value};
-
-/// A weight's shared values: one value, or layer `i`'s among one value per layer.
-///
-/// The second is how a loop over a model's repeated layers hands its body a layer's
-/// matrix. [`dense`] contracts it in one `case` branch per layer, each branch's dot reading
-/// its own layer's matrix where it lies, so the matrix is never copied. A matrix selected
-/// first (a row of an `[L, …]` stack, or a `case` returning the layer's value) is copied
-/// by XLA:CPU on every pass of the loop before its dot reads it (docs/performance.md,
-/// "Decoding: the layers' matrices read in place").
-#[derive(Clone, Debug)]
-pub enum Base {
-    /// One value.
-    One(Value),
-    /// Layer `i` (an i32 scalar) of `layers`, all of one type. Made by [`Base::layer`].
-    Layer {
-        /// The layer index.
-        i: Value,
-        /// Every layer's value.
-        layers: Vec<Value>,
-    },
-}
-
-impl From<Value> for Base {
-    fn from(v: Value) -> Base {
-        Base::One(v)
-    }
-}
-
-impl Base {
-    /// Layer `i` (an i32 scalar) of `layers`: refuses no layers, or layers of different
-    /// types.
-    pub fn layer(i: Value, layers: Vec<Value>) -> Result<Base> {
-        let Some(first) = layers.first() else {
-            return Err(seam_err(
-                "Base::layer",
-                "no layers".into(),
-                "needs one value per layer",
-            ));
-        };
-        if let Some(other) = layers.iter().find(|v| v.ty() != first.ty()) {
-            return Err(seam_err(
-                "Base::layer",
-                format!("{} and {}", first.ty(), other.ty()),
-                "every layer's value must have one type",
-            ));
-        }
-        Ok(Base::Layer { i, layers })
-    }
-
-    /// The type of the value (of each layer's).
-    pub fn ty(&self) -> &TensorType {
-        match self {
-            Base::One(v) => v.ty(),
-            Base::Layer { layers, .. } => layers[0].ty(),
-        }
-    }
-
-    /// The shape of the value.
-    pub fn shape(&self) -> &[i64] {
-        &self.ty().shape
-    }
-
-    /// The element type.
-    pub fn dtype(&self) -> DType {
-        self.ty().dtype
-    }
-
-    /// The value itself, for a reader that needs it rather than a product with it: layer
-    /// `i`'s returned by a `case` (which XLA:CPU copies).
-    pub fn value(&self) -> Result<Value> {
-        self.apply(self.ty().clone(), |v| Ok(v.clone()))
-    }
-
-    /// `f` of the value, of type `ty`: one op, or with layers, `f` of each layer's value
-    /// in its branch of a `case` on the layer index.
-    fn apply(&self, ty: TensorType, f: impl Fn(&Value) -> Result<Value>) -> Result<Value> {
-        match self {
-            Base::One(v) => f(v),
-            Base::Layer { i, layers } => {
-                let branches: Vec<_> = layers
-                    .iter()
-                    .map(|v| {
-                        let f = &f;
-                        move || -> Result<Vec<Value>> { Ok(vec![f(v)?]) }
-                    })
-                    .collect();
-                Ok(i.func().case(i, &[ty], branches)?.remove(0))
-            }
-        }
-    }
-
-    /// `x · base` contracting `x`'s axis `xc` with the base's axis `bc` (no batch axes):
-    /// the result's axes are `x`'s others, then the base's other.
-    fn dot(&self, x: &Value, xc: usize, bc: usize) -> Result<Value> {
-        let mut shape: Vec<i64> = x.shape().to_vec();
-        shape.remove(xc);
-        let mut own = self.shape().to_vec();
-        own.remove(bc);
-        shape.extend(own);
-        let ty = TensorType::new(self.dtype(), &shape);
-        self.apply(ty, |w| {
-            x.dot_general(w, &DotDims::new(&[], &[], &[xc], &[bc]))
-        })
-    }
-
-    /// The same values in `dtype` (the identity when they have it). Layer `i`'s value is
-    /// converted in its branch of a `case`, which hands on one value: a conversion is a
-    /// copy anyway, and converting every layer's in the loop body would repeat it per pass.
-    pub fn convert(&self, dtype: DType) -> Result<Base> {
-        if self.dtype() == dtype {
-            return Ok(self.clone());
-        }
-        let ty = TensorType::new(dtype, self.shape());
-        Ok(Base::One(self.apply(ty, |v| v.convert(dtype))?))
-    }
-}
+use crate::builder::{broadcast_shape, DType, DotDims, HloError, Result, Value};
 
 /// A 2-D weight as the seams see it.
 #[derive(Clone, Debug)]
 pub enum Weight {
     /// The same `(m, k)` matrix for every member.
-    Plain(Base),
+    Plain(Value),
     /// One `(m, k)` matrix per member: `[C, m, k]` (full-rank perturbations).
     Members(Value),
     /// `W_i = base + scale_i · A_i B_iᵀ` without ever forming it: `base (m, k)`,
     /// `a [C, r, m]`, `b [C, r, k]`, `scale [C]` (`s σ / √r` per member).
     LowRank {
         /// The shared base matrix `(m, k)`.
-        base: Base,
+        base: Value,
         /// Left factors, `[C, r, m]`.
         a: Value,
         /// Right factors, `[C, r, k]`.
@@ -219,8 +99,7 @@ impl Weight {
     /// The element type the seams compute in (a low-rank weight's base's).
     pub fn dtype(&self) -> DType {
         match self {
-            Weight::Plain(w) | Weight::LowRank { base: w, .. } => w.dtype(),
-            Weight::Members(w) => w.dtype(),
+            Weight::Plain(w) | Weight::Members(w) | Weight::LowRank { base: w, .. } => w.dtype(),
             Weight::InOut(w) => w.dtype(),
         }
     }
@@ -256,10 +135,10 @@ impl Weight {
             }
         };
         Ok(match self {
-            Weight::Plain(v) => Weight::Plain(v.convert(dtype)?),
+            Weight::Plain(v) => Weight::Plain(c(v)?),
             Weight::Members(v) => Weight::Members(c(v)?),
             Weight::LowRank { base, a, b, scale } => Weight::LowRank {
-                base: base.convert(dtype)?,
+                base: c(base)?,
                 a: c(a)?,
                 b: c(b)?,
                 scale: c(scale)?,
@@ -652,7 +531,8 @@ pub fn dense(x: &Act, w: &Weight) -> Result<Act> {
     let (w, i) = w.stored(op)?;
     match (w, x.members) {
         (Weight::Plain(w), c) => {
-            let y = w.dot(&xf, xf.rank() - 1, i)?;
+            let r = xf.rank();
+            let y = xf.dot_general(w, &DotDims::new(&[], &[], &[r - 1], &[i]))?;
             unflatten(y, c, &lead, m)
         }
         (Weight::Members(w), None) => {
@@ -670,7 +550,7 @@ pub fn dense(x: &Act, w: &Weight) -> Result<Act> {
             let c = scale.shape()[0];
             let t = xf.shape()[0];
             // The base product is shared by the whole chunk: one GEMM.
-            let shared = base.dot(&xf, 1, i)?;
+            let shared = xf.dot_general(base, &DotDims::new(&[], &[], &[1], &[i]))?;
             // [T, k] · [C, r, k] -> [T, C, r]
             let xb = xf.dot_general(b, &DotDims::new(&[], &[], &[1], &[2]))?;
             // [T, C, r] · [C, r, m] (batch C) -> [C, T, m], then the scale, in the spec's
@@ -682,7 +562,7 @@ pub fn dense(x: &Act, w: &Weight) -> Result<Act> {
         }
         (Weight::LowRank { base, a, b, scale }, Some(c)) => {
             let t = xf.shape()[1];
-            let base_out = base.dot(&xf, 2, i)?;
+            let base_out = xf.dot_general(base, &DotDims::new(&[], &[], &[2], &[i]))?;
             let xb = xf.dot_general(b, &DotDims::new(&[0], &[0], &[2], &[2]))?;
             let corr = xb.dot_general(a, &DotDims::new(&[0], &[0], &[2], &[1]))?;
             let corr = corr.mul(&scale.broadcast_in_dim(&[c, t, m], &[0])?)?;
@@ -718,7 +598,7 @@ pub fn embed(table: &Weight, ids: &Act) -> Result<Act> {
     let t: i64 = lead.iter().product();
     let flat = ids.v.reshape(&[t])?;
     let (table, i) = table.stored(op)?;
-    let rows = |w: &Base, ids: &Value| lookup(w, ids, i);
+    let rows = |w: &Value, ids: &Value| lookup(w, ids, i);
     match table {
         Weight::Plain(w) => unflatten(rows(w, &flat)?, None, &lead, d),
         Weight::Members(w) => {
@@ -749,8 +629,7 @@ pub fn embed(table: &Weight, ids: &Act) -> Result<Act> {
 
 /// Rows `ids` of a shared table whose rows are along axis `1 - i` (`i` as
 /// [`Weight::stored`] gives it): its columns when stored `(in, out)`.
-fn lookup(table: &Base, ids: &Value, i: usize) -> Result<Value> {
-    let table = &table.value()?;
+fn lookup(table: &Value, ids: &Value, i: usize) -> Result<Value> {
     if i == 0 {
         table.take_cols(ids)
     } else {
@@ -783,7 +662,7 @@ fn embed_per_member(table: &Weight, ids: &Act, c: i64) -> Result<Act> {
         offs.add(&ids.v.reshape(&[c, t])?)?.reshape(&[c * t])
     };
     let (table, i) = table.stored(op)?;
-    let rows = |w: &Base, ids: &Value| lookup(w, ids, i);
+    let rows = |w: &Value, ids: &Value| lookup(w, ids, i);
     let y = match table {
         Weight::Plain(w) => rows(w, &flat)?,
         Weight::Members(w) => w.reshape(&[c * vocab, d])?.take_rows(&offset(vocab)?)?,

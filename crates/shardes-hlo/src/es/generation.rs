@@ -10,7 +10,7 @@
 //!   `how = A`: every device regenerates and contracts the whole population.
 
 use crate::builder::{DType, Func, Module, Sharding, TensorType, Value};
-use crate::nn::{Act, Base, Weight};
+use crate::nn::{Act, Weight};
 use crate::prng::emit::Keys;
 
 use super::error::{invalid, EsError};
@@ -137,9 +137,8 @@ pub(super) struct Emitter<'a> {
     /// of `tell`'s own ([`super::layers`]); `None`: every leaf on its own.
     layers: Option<LayerGroup>,
     /// Whether the layers' noise is drawn once per member chunk, into `[L, …]` stacks the
-    /// model's loop reads a row of, and the layers' matrices read in place
-    /// ([`Emitter::drawing_layers_per_chunk`]), rather than drawn and cut inside the
-    /// model's loop.
+    /// model's loop reads a row of ([`Emitter::drawing_layers_per_chunk`]), rather than
+    /// inside the model's loop.
     per_chunk: bool,
     /// Whether the parameter values handed over hold every matrix transposed, `(in, out)`
     /// ([`Emitter::with_matrices_in_out`]).
@@ -201,10 +200,7 @@ impl<'a> Emitter<'a> {
     /// model that runs its layer loop many times per chunk (a decoder: the prefill and then
     /// once per token), which would otherwise draw a layer's noise again on every pass;
     /// the draws still do not grow with depth. The rows hold the values a draw inside the
-    /// model's loop gives (the same streams and ops, stored and read back exactly). The
-    /// layers' base matrices are cut from their stacks once per chunk too and read in
-    /// place ([`LayerGroup::bases`]), not copied out on every pass: a layer adds a dot per
-    /// matrix and pass (one per branch of a `case`), the products' bits unchanged.
+    /// model's loop gives (the same streams and ops, stored and read back exactly).
     pub(super) fn drawing_layers_per_chunk(mut self) -> Self {
         self.per_chunk = true;
         self
@@ -353,14 +349,13 @@ impl<'a> Emitter<'a> {
         noise: &[Noise],
         signs: &Value,
     ) -> Result<ModelParams<'static>, EsError> {
-        let params: Vec<Base> = params.iter().cloned().map(Base::One).collect();
-        self.perturb_leaves(&params, leaves, &self.scales, noise, signs)
+        self.perturb_leaves(params, leaves, &self.scales, noise, signs)
     }
 
     /// [`Emitter::perturbed`] for any `leaves` with their `scales` (one per leaf).
     fn perturb_leaves(
         &self,
-        params: &[Base],
+        params: &[Value],
         leaves: &[LeafInfo],
         scales: &[LeafScale],
         noise: &[Noise],
@@ -386,7 +381,7 @@ impl<'a> Emitter<'a> {
                     let plain = if leaf.shape.len() == 2 {
                         self.matrix(Weight::Plain(theta.clone()))?
                     } else {
-                        Leaf::Dense(Act::shared(theta.value()?))
+                        Leaf::Dense(Act::shared(theta.clone()))
                     };
                     out.push((leaf.path.clone(), plain));
                     continue;
@@ -408,7 +403,6 @@ impl<'a> Emitter<'a> {
                     })?
                 }
                 Noise::Dense(e) => {
-                    let theta = &theta.value()?;
                     let theta = &if self.in_out && leaf.shape.len() == 2 {
                         theta.transpose(&[1, 0])?
                     } else {
@@ -537,9 +531,9 @@ impl<'a> Emitter<'a> {
         let rest: Vec<usize> = (0..leaves.len()).filter(|&p| !group.holds(p)).collect();
         let rest_leaves: Vec<LeafInfo> = rest.iter().map(|&p| leaves[p].clone()).collect();
         let rest_scales: Vec<LeafScale> = rest.iter().map(|&p| self.scales[p].clone()).collect();
-        let rest_params: Vec<Base> = rest
+        let rest_params: Vec<Value> = rest
             .iter()
-            .map(|&p| Ok::<_, EsError>(self.layout.leaf_value(slots, p)?.into()))
+            .map(|&p| self.layout.leaf_value(slots, p))
             .collect::<Result<_, _>>()?;
         let rest_active = sigma::active(&rest_leaves, &rest_scales);
         let noise = if rest_active.is_empty() {
@@ -549,13 +543,10 @@ impl<'a> Emitter<'a> {
             self.chunk_noise(&keys, &rest_active, dirs, None)?
         };
         let mp = self.perturb_leaves(&rest_params, &rest_leaves, &rest_scales, &noise, signs)?;
-        // Each layer's base leaves: rows of the layout's stacks, or every leaf its own
-        // argument. A decoder (`per_chunk`) reads a layer's matrices in place, so its
-        // stacks are cut into rows here, outside the model's loops, once per chunk
-        // ([`LayerGroup::bases`]); a loss reads its rows from the stacks in its loop body.
+        // Layer `i`'s base leaves: rows of the layout's stacks, or with every leaf its own
+        // argument, picked by a `case`.
         let stacks = group.stacks(self.layout, slots)?;
-        let values = match &stacks {
-            Some(stacks) if self.per_chunk => LayerGroup::split(stacks)?,
+        let values = match stacks {
             Some(_) => Vec::new(),
             None => group.layer_values(&self.layout.views(slots)?)?,
         };
@@ -568,17 +559,22 @@ impl<'a> Emitter<'a> {
         // branch to each `case`, not a draw.
         let drawn = if self.per_chunk {
             let (stacks, shapes) = self.draw_layers(group, base, dirs)?;
-            Some((LayerGroup::split(&stacks)?, shapes))
+            let rows = (0..group.count() as i64)
+                .map(|l| {
+                    stacks
+                        .iter()
+                        .map(|st| Ok(st.slice_in_dim(l, l + 1, 0)?.reshape(&st.shape()[1..])?))
+                        .collect::<Result<Vec<_>, EsError>>()
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            Some((rows, shapes))
         } else {
             None
         };
         let draw = |i: &Value| -> Result<ModelParams<'static>, EsError> {
             let bases = match &stacks {
-                Some(stacks) if !self.per_chunk => LayerGroup::rows(stacks, i)?
-                    .into_iter()
-                    .map(Base::One)
-                    .collect(),
-                _ => LayerGroup::bases(&values, i, self.per_chunk)?,
+                Some(stacks) => LayerGroup::rows(stacks, i)?,
+                None => LayerGroup::select(&values, i)?,
             };
             let noise = match &drawn {
                 Some((rows, shapes)) => noise_from_values(&LayerGroup::select(rows, i)?, shapes),

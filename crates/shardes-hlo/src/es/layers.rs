@@ -17,7 +17,6 @@
 use std::collections::BTreeMap;
 
 use crate::builder::{TensorType, Value};
-use crate::nn::Base;
 use crate::prng::emit::Keys;
 
 use super::error::{invalid, EsError};
@@ -198,64 +197,11 @@ impl LayerGroup {
         Ok(Some(out))
     }
 
-    /// Per layer, its rows of `stacks` (`[L, …]` each, in [`LayerLeaves::names`] order):
-    /// static slices, emitted where the caller is (outside the model's loops, so each
-    /// layer's row is cut once and not on every pass), for [`LayerGroup::bases`].
-    pub(super) fn split(stacks: &[Value]) -> Result<Vec<Vec<Value>>, EsError> {
-        let Some(first) = stacks.first() else {
-            return Ok(Vec::new());
-        };
-        (0..first.shape()[0])
-            .map(|l| {
-                stacks
-                    .iter()
-                    .map(|st| Ok(st.slice_in_dim(l, l + 1, 0)?.reshape(&st.shape()[1..])?))
-                    .collect()
-            })
-            .collect()
-    }
-
-    /// Layer `i`'s leaves (`i` an i32 scalar) among `values` (per layer, in
-    /// [`LayerLeaves::names`] order). With `in_place`, for a model that runs its layer loop
-    /// many times per chunk (a decoder: the prefill, then once per token), a matrix is a
-    /// [`Base::Layer`], which the seams read in place (one dot per layer in a `case`): a
-    /// matrix selected first is copied by XLA:CPU for its dot on every pass, which made
-    /// the decode steps 4–22 % slower (docs/performance.md, "Decoding: the layers'
-    /// matrices read in place"). Without, every leaf is handed over by a `case` on `i` (a copy a pass,
-    /// and no op per layer beside the branch). The 1-D leaves are handed over by that
-    /// `case` either way.
-    pub(super) fn bases(
-        values: &[Vec<Value>],
-        i: &Value,
-        in_place: bool,
-    ) -> Result<Vec<Base>, EsError> {
-        let first = values.first().ok_or_else(no_layers)?;
-        let picked: Vec<usize> = (0..first.len())
-            .filter(|&j| !in_place || first[j].rank() < 2)
-            .collect();
-        let rows: Vec<Vec<Value>> = values
-            .iter()
-            .map(|vals| picked.iter().map(|&j| vals[j].clone()).collect())
-            .collect();
-        let mut picked_rows = Self::select(&rows, i)?.into_iter();
-        (0..first.len())
-            .map(|j| {
-                if picked.contains(&j) {
-                    picked_rows.next().map(Base::One).ok_or_else(no_layers)
-                } else {
-                    let column = values.iter().map(|vals| vals[j].clone()).collect();
-                    Ok(Base::layer(i.clone(), column)?)
-                }
-            })
-            .collect()
-    }
-
     /// Layer `i`'s leaves (`i` an i32 scalar) as rows of `stacks` (`[L, …]` each, in
-    /// [`LayerLeaves::names`] order), for a model that runs its layer loop once per chunk
-    /// (a loss). A matrix is a `dynamic_slice` of its stack (XLA:CPU copies the row for
-    /// its dot, once per member chunk: docs/performance.md, "Qwen2 layers as a loop"),
-    /// one copy a layer beside the chunk's products, and no op per layer; a 1-D leaf is
-    /// handed over by a `case` on `i`. A 1-D row sliced dynamically is fused into the elementwise kernels that perturb and apply it,
+    /// [`LayerLeaves::names`] order). A matrix is a `dynamic_slice` of its stack (XLA:CPU
+    /// copies the row for its dot, once per member chunk: docs/performance.md, "Qwen2
+    /// layers as a loop"); a 1-D leaf is handed over by a `case` on `i`. A 1-D row
+    /// sliced dynamically is fused into the elementwise kernels that perturb and apply it,
     /// which rearranges their loops and with them where LLVM forms fused multiply-adds:
     /// the last bits of the losses then move against the unrolled program (measured on
     /// `tests/suite/qwen2_layers.rs`'s models, unpaired low rank on one device: 1 ulp), where
@@ -310,10 +256,12 @@ impl LayerGroup {
     /// `i` (an i32 scalar), selected by a `case`.
     pub(super) fn select(values: &[Vec<Value>], i: &Value) -> Result<Vec<Value>, EsError> {
         let f = i.func();
-        let first = values.first().ok_or_else(no_layers)?;
-        if first.is_empty() {
-            return Ok(Vec::new());
-        }
+        let first = values.first().ok_or_else(|| {
+            invalid(
+                "a layer group without layers".into(),
+                "report this: a group has at least one layer".into(),
+            )
+        })?;
         let types: Vec<TensorType> = first.iter().map(|v| v.ty().clone()).collect();
         let branches: Vec<_> = values
             .iter()
@@ -323,17 +271,9 @@ impl LayerGroup {
     }
 }
 
-/// The error of a layer group without layers (or a layer without a leaf it should have).
-fn no_layers() -> EsError {
-    invalid(
-        "a layer group without layers".into(),
-        "report this: a group has at least one layer, and each layer every leaf".into(),
-    )
-}
-
 /// One chunk's layers for the model, drawn a layer at a time by `draw` (layer `i`'s base
-/// leaves from [`LayerGroup::bases`], its noise drawn from its leaves' streams and scaled
-/// for the chunk's members, as the emitter perturbs any leaf).
+/// leaves selected by a `case`, its noise drawn from its leaves' streams and scaled for
+/// the chunk's members, as the emitter perturbs any leaf).
 pub(super) struct LayerDraw<'e> {
     /// Layer `i`'s perturbed leaves, named as layer 0's.
     pub(super) draw: &'e dyn Fn(&Value) -> Result<ModelParams<'static>, EsError>,

@@ -190,7 +190,7 @@ impl<'a> ModelParams<'a> {
     pub fn plain(leaves: Vec<(String, Value)>) -> Self {
         let entries = leaves.into_iter().map(|(path, v)| {
             let leaf = if v.rank() == 2 {
-                Leaf::Matrix(Weight::Plain(v.into()))
+                Leaf::Matrix(Weight::Plain(v))
             } else {
                 Leaf::Dense(Act::shared(v))
             };
@@ -251,7 +251,7 @@ impl<'a> ModelParams<'a> {
             }
             Some(Leaf::Matrix(Weight::Plain(w))) => {
                 self.record(path, Access::Raw);
-                Ok(Act::shared(w.value()?))
+                Ok(Act::shared(w.clone()))
             }
             Some(Leaf::Matrix(Weight::Members(w))) => {
                 self.record(path, Access::Raw);
@@ -261,7 +261,7 @@ impl<'a> ModelParams<'a> {
                 // Stored (in, out): the tensor is its transpose.
                 Weight::Plain(v) => {
                     self.record(path, Access::Raw);
-                    Ok(Act::shared(v.value()?.transpose(&[1, 0])?))
+                    Ok(Act::shared(v.transpose(&[1, 0])?))
                 }
                 _ => Err(self.no_dense_value(path)),
             },
@@ -318,7 +318,7 @@ pub fn check_model(model: &dyn Model, leaves: &[LeafInfo]) -> Result<Vec<Finding
         let theta = f.arg(&l.path, TensorType::f32(&l.shape))?;
         let entry = if let [m, k] = l.shape.as_slice() {
             Leaf::Matrix(Weight::LowRank {
-                base: theta.into(),
+                base: theta,
                 a: f.full(0.0f32, &[c, 1, *m])?,
                 b: f.full(0.0f32, &[c, 1, *k])?,
                 scale: f.full(0.0f32, &[c])?,

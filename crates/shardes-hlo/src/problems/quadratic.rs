@@ -292,8 +292,8 @@ impl Model for Quadratic {
         };
         let z =
             nn::dense(&Act::shared(sr.clone()), &p.weight("w")?)?.sub(&Act::shared(wt.clone()))?;
-        let y = nn::dense(&z, &Weight::Plain(sp.clone().into()))?;
-        let zb = nn::dense(&p.tensor("b")?, &Weight::Plain(sr.clone().into()))?
+        let y = nn::dense(&z, &Weight::Plain(sp.clone()))?;
+        let zb = nn::dense(&p.tensor("b")?, &Weight::Plain(sr.clone()))?
             .sub(&Act::shared(bt.clone()))?;
         let nw = (self.rows * self.cols) as f64;
         let fw = y.mul(&y)?.mean_all()?.scale(nw / 2.0)?;

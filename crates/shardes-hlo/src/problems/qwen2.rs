@@ -198,7 +198,18 @@ fn convert_weight(w: Weight, dtype: DType) -> Result<Weight, EsError> {
     if dtype == DType::F32 {
         return Ok(w);
     }
-    Ok(w.convert(dtype)?)
+    let c = |v: Value| v.convert(dtype);
+    Ok(match w {
+        Weight::Plain(v) => Weight::Plain(c(v)?),
+        Weight::Members(v) => Weight::Members(c(v)?),
+        Weight::LowRank { base, a, b, scale } => Weight::LowRank {
+            base: c(base)?,
+            a: c(a)?,
+            b: c(b)?,
+            scale: c(scale)?,
+        },
+        Weight::InOut(w) => Weight::InOut(Box::new(convert_weight(*w, dtype)?)),
+    })
 }
 
 /// Rotary tables `(cos, sin)`, each `[s, hd]`, for positions `pos0 + 0..s`, in f32.

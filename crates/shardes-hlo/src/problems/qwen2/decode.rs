@@ -346,7 +346,7 @@ impl Decoder for Qwen2 {
         let emb = self.weight(p, "model.embed_tokens.weight")?;
         let mut x = nn::embed(&emb, &Act::shared(ids.clone()))?;
         let mut cache = Vec::with_capacity(2 * self.config.num_hidden_layers);
-        if let Some(stack) = self.layer_stack(p, true)? {
+        if let Some(stack) = self.layer_stack(p)? {
             (x, cache) = self.prefill_loop(&stack, p, x, slots)?;
         } else {
             for l in 0..self.config.num_hidden_layers {
@@ -387,7 +387,7 @@ impl Decoder for Qwen2 {
             return q.step(p, ids, at, cache);
         }
         let layers = self.config.num_hidden_layers;
-        let stack = self.layer_stack(p, true)?;
+        let stack = self.layer_stack(p)?;
         if stack.is_some() && cache.len() != 2 {
             return Err(stacked_cache_err());
         }

@@ -4,14 +4,13 @@
 //! own index and noise stream. The ES programs hold each layer leaf name as one `[L, …]`
 //! argument on the devices ([`crate::es::Layout::with_layers`]): the loop reads layer `i`
 //! from a [`LayerStack`], either the ES program's [`LayerSource`], which takes the base
-//! weights from the stacks (cut into per-layer rows once, outside the loops) and draws the
-//! layer's noise inside the loop body (low-rank strategies, [`crate::es::Model::layers`]),
-//! or, where the program hands the model every leaf on its own (dense noise, unperturbed
-//! outputs), the layers' own values. Either way a layer's shared matrices reach the body
-//! as [`crate::nn::Base::Layer`]s, which the seams read in place (a dot per layer in a
-//! `case`, no copy of the matrix), and its other values through a `stablehlo.case` on the
-//! layer index; the body reads them through the seams exactly as layer 0 of the unrolled
-//! program would. The KV cache, which the loop writes, is stacked too (`[L, …]`).
+//! weights from the stacks (a matrix by a `dynamic_slice`, which XLA:CPU copies for its
+//! dot, the 1-D leaves by a `case`) and draws the layer's noise inside the loop body (low-rank
+//! strategies, [`crate::es::Model::layers`]), or, where the program hands the model every
+//! leaf on its own (dense noise, unperturbed outputs), a `stablehlo.case` on the layer
+//! index handing the body that layer's values (base weights, perturbed leaves). Either way
+//! the body reads them through the seams exactly as layer 0 of the unrolled program
+//! would. The KV cache, which the loop writes, is stacked too (`[L, …]`).
 //!
 //! The loop's carry must keep its types: when the hidden state enters shared (an
 //! unperturbed embedding) but the layers are perturbed, layer 0 is emitted before the loop
@@ -22,7 +21,7 @@
 use crate::builder::{TensorType, Value};
 use crate::es::model::Leaf;
 use crate::es::{EsError, LayerLeaves, LayerSource, ModelParams};
-use crate::nn::{Act, Base, Weight};
+use crate::nn::{Act, Weight};
 
 use super::{rewrap, Qwen2};
 
@@ -88,8 +87,6 @@ pub(super) struct Stacked {
     types: Vec<TensorType>,
     layers: Vec<Vec<Value>>,
     members: Option<i64>,
-    /// Whether the shared matrices are read in place ([`Stacked::select`]).
-    in_place: bool,
 }
 
 impl Stacked {
@@ -112,7 +109,7 @@ impl Stacked {
                 match w {
                     Weight::Plain(v) => {
                         kinds.push(Kind::Plain { in_out });
-                        vals.push(v.value()?);
+                        vals.push(v);
                     }
                     Weight::Members(v) => {
                         kinds.push(Kind::Members);
@@ -120,7 +117,7 @@ impl Stacked {
                     }
                     Weight::LowRank { base, a, b, scale } => {
                         kinds.push(Kind::LowRank { in_out });
-                        vals.extend([base.value()?, a, b, scale]);
+                        vals.extend([base, a, b, scale]);
                     }
                     Weight::InOut(_) => {
                         return Err(EsError::Invalid {
@@ -147,7 +144,6 @@ impl Stacked {
         p: &ModelParams,
         names: Vec<(&'static str, bool)>,
         layers: usize,
-        in_place: bool,
     ) -> Result<Option<Self>, EsError> {
         let (kinds, first) = Self::read(p, &names, 0)?;
         let types: Vec<TensorType> = first.iter().map(|v| v.ty().clone()).collect();
@@ -167,67 +163,24 @@ impl Stacked {
             types,
             layers: all,
             members,
-            in_place,
         }))
     }
 
-    /// Layer `i`'s leaves (`i` an i32 scalar), named as layer 0's, handed over by a `case`
-    /// on `i`; in place, the shared matrices are [`Base::Layer`]s instead, which the seams
-    /// read where they lie (a dot per layer in a `case`). A matrix a `case` returns is
-    /// copied by XLA:CPU on every pass of the loop, which a decoder's step pays once per
-    /// token (docs/performance.md, "Decoding: the layers' matrices read in place"); a
-    /// loss's forward passes once and keeps the loop free of per-layer dots.
+    /// Layer `i`'s leaves (`i` an i32 scalar), named as layer 0's.
     fn select(&self, i: &Value) -> Result<ModelParams<'static>, EsError> {
         let f = i.func();
-        let bases = if self.in_place {
-            self.base_positions()
-        } else {
-            Vec::new()
-        };
-        let rest: Vec<usize> = (0..self.types.len())
-            .filter(|j| !bases.contains(j))
-            .collect();
-        let types: Vec<TensorType> = rest.iter().map(|&j| self.types[j].clone()).collect();
         let branches: Vec<_> = self
             .layers
             .iter()
-            .map(|vals| {
-                let rest = &rest;
-                move || Ok::<_, EsError>(rest.iter().map(|&j| vals[j].clone()).collect())
-            })
+            .map(|vals| move || Ok::<_, EsError>(vals.clone()))
             .collect();
-        let picked = f.case(i, &types, branches)?;
-        let mut vals: Vec<Option<Base>> = vec![None; self.types.len()];
-        for (&j, v) in rest.iter().zip(picked) {
-            vals[j] = Some(v.into());
-        }
-        for &j in &bases {
-            let column = self.layers.iter().map(|l| l[j].clone()).collect();
-            vals[j] = Some(Base::layer(i.clone(), column)?);
-        }
-        self.params(vals.into_iter().flatten().collect())
-    }
-
-    /// The positions among a layer's flat values of its shared matrices (a plain
-    /// weight's, a low-rank weight's base).
-    fn base_positions(&self) -> Vec<usize> {
-        let mut out = Vec::new();
-        let mut pos = 0;
-        for kind in &self.kinds {
-            if let Kind::Plain { .. } | Kind::LowRank { .. } = kind {
-                out.push(pos);
-            }
-            pos += match kind {
-                Kind::LowRank { .. } => 4,
-                _ => 1,
-            };
-        }
-        out
+        let vals = f.case(i, &self.types, branches)?;
+        self.params(&vals)
     }
 
     /// The leaves of one layer from its flat values, under layer 0's names.
-    fn params(&self, vals: Vec<Base>) -> Result<ModelParams<'static>, EsError> {
-        let mut it = vals.into_iter();
+    fn params(&self, vals: &[Value]) -> Result<ModelParams<'static>, EsError> {
+        let mut it = vals.iter().cloned();
         let mut next = || {
             it.next().ok_or_else(|| EsError::Invalid {
                 message: "a qwen2 layer's values ended early".into(),
@@ -238,18 +191,18 @@ impl Stacked {
         for ((name, _), kind) in self.names.iter().zip(&self.kinds) {
             let leaf = match *kind {
                 Kind::Plain { in_out } => Leaf::Matrix(Weight::Plain(next()?).in_out_if(in_out)?),
-                Kind::Members => Leaf::Matrix(Weight::Members(next()?.value()?)),
+                Kind::Members => Leaf::Matrix(Weight::Members(next()?)),
                 Kind::LowRank { in_out } => Leaf::Matrix(
                     Weight::LowRank {
                         base: next()?,
-                        a: next()?.value()?,
-                        b: next()?.value()?,
-                        scale: next()?.value()?,
+                        a: next()?,
+                        b: next()?,
+                        scale: next()?,
                     }
                     .in_out_if(in_out)?,
                 ),
-                Kind::Shared => Leaf::Dense(Act::shared(next()?.value()?)),
-                Kind::PerMember => Leaf::Dense(Act::per_member(next()?.value()?)?),
+                Kind::Shared => Leaf::Dense(Act::shared(next()?)),
+                Kind::PerMember => Leaf::Dense(Act::per_member(next()?)?),
             };
             leaves.push((format!("model.layers.0.{name}"), leaf));
         }
@@ -356,12 +309,10 @@ impl Qwen2 {
     }
 
     /// The layers to loop over, or `None` when they are emitted unrolled (as configured,
-    /// or because their leaves differ in kind). `in_place`: the loop runs many times per
-    /// call (a decoder), so the layers' matrices are read in place ([`Stacked::select`]).
+    /// or because their leaves differ in kind).
     pub(super) fn layer_stack<'p>(
         &self,
         p: &ModelParams<'p>,
-        in_place: bool,
     ) -> Result<Option<LayerStack<'p>>, EsError> {
         match (self.layers, p.layer_source()) {
             (super::Layers::Unrolled, _) => Ok(None),
@@ -370,7 +321,6 @@ impl Qwen2 {
                 p,
                 leaves_of(self.config.attention_bias),
                 self.config.num_hidden_layers,
-                in_place,
             )?
             .map(LayerStack::Built)),
         }
@@ -452,7 +402,7 @@ impl Qwen2 {
         x: Act,
         layer: &dyn Fn(&ModelParams, usize, &Act) -> Result<Act, EsError>,
     ) -> Result<Option<Act>, EsError> {
-        let Some(stack) = self.layer_stack(p, false)? else {
+        let Some(stack) = self.layer_stack(p)? else {
             return Ok(None);
         };
         let body = |lp: &ModelParams, l: usize, _: &Value, x: &Act, st: Vec<Act>| {
