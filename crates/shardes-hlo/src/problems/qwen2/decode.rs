@@ -27,10 +27,12 @@ fn stacked_cache_err() -> EsError {
 }
 
 /// The keys and values a step's attention reads and writes its token into: one layer's
-/// (`[R, KV, S, hd]` each), or the `[L, …]` stacks of a layer loop at layer `i`, where
-/// the token is written into the stack in place and only the layer's slice is read, so
-/// that no layer's cache is copied back into the stack (at 256 rows that copy moved
-/// 63 MB a layer, every token).
+/// (`[R, KV, S, hd]` each), or the `[L, …]` stacks of a layer loop at layer `i`. The
+/// stacks are only read inside the loop: the layer's slice is cut out and the token
+/// written into that slice, and the step writes every layer's token into the stacks once,
+/// after the loop. An update of the stacks inside the loop, with the slice read after it,
+/// gives the same values, but newer XLA:CPUs (jax 0.11's) then copy the whole stack twice
+/// a layer to keep the read and the in-place write apart.
 enum StepCache<'a> {
     Layer(Act, Act),
     Stack { k: Act, v: Act, i: &'a Value },
@@ -67,6 +69,31 @@ fn rope_rows(f: &Func, pos: &Value, inv_freq: &[f32]) -> Result<(Value, Value), 
         .mul(&inv.broadcast_in_dim(&[r, half], &[1])?)?;
     let emb = f.concatenate(&[&freqs, &freqs], 1)?;
     Ok((emb.cos()?, emb.sin()?))
+}
+
+/// Zeros for every layer's token of a `[L, R, KV, S, hd]` cache stack: `[L, R, KV, 1, hd]`,
+/// held as the stack is.
+fn token_stack(stack: &Act) -> Result<Act, EsError> {
+    let v = stack.value();
+    let mut shape = v.shape().to_vec();
+    let r = shape.len();
+    shape[r - 2] = 1;
+    let z = v.func().scalar(0.0f32)?.convert(v.dtype())?;
+    rewrap(stack, z.broadcast_in_dim(&shape, &[])?)
+}
+
+/// `stack` with every layer's token (`tokens`, from [`token_stack`]) written at `slot`.
+fn write_tokens(stack: &Act, tokens: &Act, slot: &Value) -> Result<Act, EsError> {
+    let tokens = with_members(tokens, stack.members())?;
+    let zero = slot.func().scalar(0i32)?;
+    let mut starts = vec![zero; stack.value().rank()];
+    let r = starts.len();
+    starts[r - 2] = slot.clone();
+    let refs: Vec<&Value> = starts.iter().collect();
+    rewrap(
+        stack,
+        stack.value().dynamic_update_slice(tokens.value(), &refs)?,
+    )
 }
 
 impl Qwen2 {
@@ -148,8 +175,9 @@ impl Qwen2 {
         Ok((self.out_proj(p, l, &o)?, pad(&k)?, pad(&v)?))
     }
 
-    /// Self-attention of one token per row at `at`, its keys and values written into
-    /// the cache: the output and the cache (the layer's, or the stacks).
+    /// Self-attention of one token per row at `at`: the output and, for one layer's
+    /// cache, the cache with the token's keys and values written in; for the stacks, the
+    /// token's keys and values (`[R, KV, 1, hd]`), which the step writes in after the loop.
     fn step_attention(
         &self,
         p: &ModelParams,
@@ -187,31 +215,30 @@ impl Qwen2 {
                 cache.value().dynamic_update_slice(x.value(), &refs)?,
             )
         };
-        // The token written at layer `i` and the step's slot of a `[L, …]` stack, which
-        // keeps the members the loop carries.
-        let write_at = |stack: &Act, x: &Act, i: &Value| -> Result<Act, EsError> {
-            let x = with_members(x, stack.members())?;
-            let off = usize::from(stack.members().is_some());
-            let mut shape = x.value().shape().to_vec();
-            shape.insert(off, 1);
-            let mut starts = vec![zero.clone(); stack.value().rank()];
-            let r = starts.len();
-            starts[off] = i.clone();
-            starts[r - 2] = at.slot.clone();
-            let refs: Vec<&Value> = starts.iter().collect();
-            let token = x.value().reshape(&shape)?;
-            rewrap(stack, stack.value().dynamic_update_slice(&token, &refs)?)
-        };
-        // The caches to return, and the layer's keys and values to attend over.
+        // The caches to return (the layer's, or the layer's token for the loop to stack),
+        // and the layer's keys and values to attend over.
         let ((kc, vc), (kl, vl)) = match cache {
             StepCache::Layer(kc, vc) => {
                 let (kc, vc) = (write(&kc, &k)?, write(&vc, &v)?);
                 ((kc.clone(), vc.clone()), (kc, vc))
             }
             StepCache::Stack { k: ks, v: vs, i } => {
-                let (ks, vs) = (write_at(&ks, &k, i)?, write_at(&vs, &v, i)?);
-                let layer = (layer_of(&ks, i)?, layer_of(&vs, i)?);
-                ((ks, vs), layer)
+                // One select over the slice, not a slice then an update of it: XLA fuses
+                // the cut into the select, so the layer's cache is copied once.
+                let layer = |stack: &Act, x: &Act| -> Result<Act, EsError> {
+                    let old = layer_of(stack, i)?;
+                    let x = with_members(x, stack.members())?;
+                    let shape = old.value().shape().to_vec();
+                    let r = shape.len();
+                    let dims: Vec<usize> = (0..r).collect();
+                    let slot = f
+                        .iota(TensorType::i32(&shape), r - 2)?
+                        .eq(&at.slot.broadcast_in_dim(&shape, &[])?)?;
+                    let new = x.value().broadcast_in_dim(&shape, &dims)?;
+                    rewrap(&old, slot.select(&new, old.value())?)
+                };
+                let layer = (layer(&ks, &k)?, layer(&vs, &v)?);
+                ((k, v), layer)
             }
         };
         // Query heads h = kv·rep + j read KV head kv: [R, H, 1, hd] -> [R, KV, rep, hd].
@@ -407,13 +434,29 @@ impl Decoder for Qwen2 {
         let mut it = cache.into_iter();
         let mut out = Vec::with_capacity(2 * layers);
         if let Some(stack) = stack {
+            let [ks, vs] = <[Act; 2]>::try_from(it.by_ref().collect::<Vec<_>>())
+                .map_err(|_| stacked_cache_err())?;
+            let (kt, vt) = (token_stack(&ks)?, token_stack(&vs)?);
             let body = |lp: &ModelParams, l: usize, i: &Value, x: &Act, st: Vec<Act>| {
-                let [kc, vc] = <[Act; 2]>::try_from(st).map_err(|_| stacked_cache_err())?;
-                let kv = StepCache::Stack { k: kc, v: vc, i };
+                let [ks, vs, kt, vt] = <[Act; 4]>::try_from(st).map_err(|_| stacked_cache_err())?;
+                let kv = StepCache::Stack {
+                    k: ks.clone(),
+                    v: vs.clone(),
+                    i,
+                };
                 let (y, k, v) = self.step_layer(lp, l, x, at, kv)?;
-                Ok((y, vec![k, v]))
+                Ok((
+                    y,
+                    vec![ks, vs, put_layer(&kt, i, &k)?, put_layer(&vt, i, &v)?],
+                ))
             };
-            (x, out) = self.run_layers(&stack, p, x, it.collect(), &body)?;
+            let st;
+            (x, st) = self.run_layers(&stack, p, x, vec![ks, vs, kt, vt], &body)?;
+            let [ks, vs, kt, vt] = <[Act; 4]>::try_from(st).map_err(|_| stacked_cache_err())?;
+            out = vec![
+                write_tokens(&ks, &kt, &at.slot)?,
+                write_tokens(&vs, &vt, &at.slot)?,
+            ];
         } else {
             for l in 0..layers {
                 let (Some(k), Some(v)) = (it.next(), it.next()) else {
