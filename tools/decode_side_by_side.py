@@ -432,6 +432,8 @@ def main():
                     help="untimed calls per shardes bench run (its --warmup)")
     ap.add_argument("--gemm-size", type=int, default=1024,
                     help="shardes bench --gemm-size (0: no GEMM peak)")
+    ap.add_argument("--plugin", default=None,
+                    help="the shardes bench config's plugin (e.g. cpu-jax; default: the config's)")
     ap.add_argument("--gguf", default=None, help="the model file for torch")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None,
@@ -446,6 +448,8 @@ def main():
     if not args.shardes.exists():
         sys.exit(f"{args.shardes}: build it with `cargo build --release -p shardes-cli`")
     base = tomllib.loads(args.config.read_text())
+    if args.plugin:
+        base["plugin"] = args.plugin
     per_member = args.prompts_per_member or base["decode"]["batch"]
     for r in args.rows:
         if r % per_member:

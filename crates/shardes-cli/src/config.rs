@@ -43,7 +43,8 @@ impl ConfigError {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
-    /// PJRT plugin: `cpu` (default: the provisioned CPU plugin), `cuda`, `tpu`, or a path.
+    /// PJRT plugin: `cpu` (default: the provisioned CPU plugin), `cpu-jax` (a newer, faster
+    /// CPU plugin, opt-in), `cuda`, `tpu`, or a path.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plugin: Option<String>,
     /// CPU devices to simulate (ignored by plugins with real devices).

@@ -42,7 +42,7 @@ pub struct RolloutArgs {
     /// Write the qpos trajectory of every episode to this CSV file (MuJoCo models only).
     #[arg(long)]
     pub csv: Option<PathBuf>,
-    /// PJRT plugin: `cpu`, `cuda`, `tpu` or a path (overrides the config's `plugin`).
+    /// PJRT plugin: `cpu`, `cpu-jax`, `cuda`, `tpu` or a path (overrides the config's `plugin`).
     #[arg(long)]
     pub plugin: Option<String>,
 }

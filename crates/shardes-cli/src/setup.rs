@@ -312,9 +312,10 @@ pub fn client(config: &Config) -> anyhow::Result<Client> {
 /// A client on `plugin` asking for `devices` simulated CPU devices where that applies.
 ///
 /// `plugin` is `None` or `"cpu"` (the default discovery and the provisioned CPU plugin),
-/// `"cuda"` or `"tpu"` (the pinned accelerator plugins, found or provisioned as in
-/// `shardes::runtime::plugin::PinnedPlugin::locate`; their devices are real, so `devices`
-/// is not passed), or the path of any PJRT plugin library.
+/// another pinned plugin by name (`"cpu-jax"`, a newer CPU plugin with simulated devices
+/// like the default's; `"cuda"` or `"tpu"`, whose devices are real, so `devices` is not
+/// passed), found or provisioned as in `shardes::runtime::plugin::PinnedPlugin::locate`,
+/// or the path of any PJRT plugin library.
 pub fn client_for(plugin: Option<&str>, devices: usize) -> anyhow::Result<Client> {
     let named = plugin.and_then(|p| NAMED.iter().find(|n| n.name.eq_ignore_ascii_case(p)));
     match (plugin, named) {
@@ -336,7 +337,10 @@ pub fn client_for(plugin: Option<&str>, devices: usize) -> anyhow::Result<Client
             })?;
             let loaded = Plugin::load(&path)
                 .with_context(|| format!("loading the PJRT plugin {}", path.display()))?;
-            Client::new(loaded, ClientOptions::default()).with_context(|| {
+            let options = ClientOptions {
+                cpu_device_count: n.simulated_devices.then_some(devices),
+            };
+            Client::new(loaded, options).with_context(|| {
                 format!(
                     "creating a {} client on {} (it needs {})",
                     n.name,
@@ -348,7 +352,7 @@ pub fn client_for(plugin: Option<&str>, devices: usize) -> anyhow::Result<Client
         (Some(p), None) => {
             let path = Path::new(p);
             let hint = "check the path (relative paths start at the current directory), or use \
-                        plugin = \"cpu\", \"cuda\" or \"tpu\"";
+                        plugin = \"cpu\", \"cpu-jax\", \"cuda\" or \"tpu\"";
             if !path.exists() {
                 return Err(ConfigError::new(
                     format!("plugin `{}` does not exist", path.display()),

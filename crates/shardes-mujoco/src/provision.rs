@@ -34,6 +34,7 @@ pub const MUJOCO: PinnedPlugin = PinnedPlugin {
     module: "mujoco",
     env: "SHARDES_MUJOCO",
     needs: "nothing else",
+    simulated_devices: false,
 };
 
 /// Where the pinned library lives under cache root `root`:

@@ -28,7 +28,6 @@ use shardes::hlo::builder::DType;
 use shardes::hlo::es::EsSpec;
 use shardes::hlo::prng::{bits, fold_in};
 use shardes::hlo::problems::qwen2::{Layers, Qwen2Config};
-use shardes::runtime::Client;
 use shardes::Qwen2Weights;
 
 use super::{print_report, BenchArgs};
@@ -38,6 +37,9 @@ use crate::config::{es_error, ConfigError};
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct DecodeBenchConfig {
+    /// The PJRT plugin, as a run config's `plugin` (`cpu` when absent).
+    #[serde(default)]
+    plugin: Option<String>,
     #[serde(default = "one")]
     devices: usize,
     decode: DecodeSection,
@@ -207,7 +209,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         .map(|c| c.iter().map(|b| b % vocab).collect())
         .collect();
     // No compile cache: the report's compile times are measured.
-    let client = Client::cpu(cfg.devices)?.with_compile_cache(None);
+    let client =
+        crate::setup::client_for(cfg.plugin.as_deref(), cfg.devices)?.with_compile_cache(None);
     let input = DecodeBenchInput {
         client: &client,
         es: &es,

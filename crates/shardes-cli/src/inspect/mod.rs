@@ -31,7 +31,8 @@ pub struct HloArgs {
     /// and per-device shape.
     #[arg(long)]
     pub optimized: bool,
-    /// PJRT plugin for `--optimized`: `cpu`, `cuda`, `tpu` or a path (overrides the config's).
+    /// PJRT plugin for `--optimized`: `cpu`, `cpu-jax`, `cuda`, `tpu` or a path (overrides
+    /// the config's).
     #[arg(long)]
     pub plugin: Option<String>,
     /// Which program of a `[task]` (reward) config to print: the decode of every member

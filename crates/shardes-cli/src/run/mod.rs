@@ -64,7 +64,7 @@ pub struct RunArgs {
     /// its files are moved to OUT/previous/ (replacing an older previous/).
     #[arg(long)]
     pub force: bool,
-    /// PJRT plugin: `cpu`, `cuda`, `tpu` or a path (overrides the config's `plugin`).
+    /// PJRT plugin: `cpu`, `cpu-jax`, `cuda`, `tpu` or a path (overrides the config's `plugin`).
     #[arg(long)]
     pub plugin: Option<String>,
 }

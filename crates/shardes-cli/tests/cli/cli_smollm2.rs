@@ -57,6 +57,21 @@ fn check_reads_the_smollm2_example() {
 #[test]
 #[ignore = "slow tier"]
 fn slow_generate_on_smollm2_equals_transformers_greedy() {
+    generate_equals_transformers_greedy("");
+}
+
+// The opt-in newer CPU plugin (provisioned from the registry on first use, 63 MB) decodes
+// the same tokens: its float results may differ in the last bits, the 0.08 logit gap does
+// not let that change a token.
+#[test]
+#[ignore = "slow tier"]
+fn slow_generate_on_smollm2_with_the_cpu_jax_plugin_equals_transformers_greedy() {
+    generate_equals_transformers_greedy("plugin = \"cpu-jax\"\n");
+}
+
+/// `shardes generate` on the fixture's chat prompts, with `top` (lines at the top of the
+/// config) prepended, decodes `transformers`' greedy tokens.
+fn generate_equals_transformers_greedy(top: &str) {
     let refs = references();
     assert_eq!(refs.len(), 2);
     let dir = tempfile::tempdir().unwrap();
@@ -67,7 +82,7 @@ fn slow_generate_on_smollm2_equals_transformers_greedy() {
     let held_out = write(dir.path(), "held_out.jsonl", &lines);
     let train = write(dir.path(), "train.jsonl", &lines);
     let config = format!(
-        r#"devices = 1
+        r#"{top}devices = 1
 [problem]
 name = "qwen2"
 model = "smollm2-135m-instruct"

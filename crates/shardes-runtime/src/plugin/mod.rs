@@ -18,8 +18,8 @@ pub use check::{check_elf_exporting, verify_pinned};
 pub use log::{log_level, set_log_level, set_verbose, LogLevel, LOG_ENV};
 pub use provision::{
     cache_root, cached_plugin_path, locate, provision, provision_into, provision_pinned_to,
-    resolve, PinnedPlugin, CPU, CUDA, NAMED, PACKAGE, SO_PATH_IN_WHEEL, SO_SHA256, TPU, VERSION,
-    WHEEL_SHA256,
+    resolve, PinnedPlugin, CPU, CPU_JAX, CUDA, NAMED, PACKAGE, SO_PATH_IN_WHEEL, SO_SHA256, TPU,
+    VERSION, WHEEL_SHA256,
 };
 
 use std::collections::HashMap;

@@ -16,7 +16,7 @@ use crate::pinned::{provision_with, python, PinnedWheelFile};
 /// local Python), the plugin library is extracted and its sha256 checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PinnedPlugin {
-    /// The name a config uses: `cpu`, `cuda` or `tpu`.
+    /// The name a config uses: `cpu`, `cpu-jax`, `cuda` or `tpu`.
     pub name: &'static str,
     /// The Python package that ships the plugin.
     pub package: &'static str,
@@ -41,6 +41,9 @@ pub struct PinnedPlugin {
     pub env: &'static str,
     /// What else the plugin needs at run time.
     pub needs: &'static str,
+    /// Whether its devices are simulated CPU devices, so that a client asks it for the
+    /// config's `devices` (`cpu_device_count`); accelerator plugins have real devices.
+    pub simulated_devices: bool,
 }
 
 /// The pinned CPU plugin (the default).
@@ -56,6 +59,29 @@ pub const CPU: PinnedPlugin = PinnedPlugin {
     module: "xla_plugins.xla_cpu_pjrt",
     env: "SHARDES_PJRT_PLUGIN",
     needs: "nothing else",
+    simulated_devices: true,
+};
+
+/// An opt-in, newer CPU plugin: the XLA:CPU of jax 0.11.2, as the `lammps-jax-pjrt-cpu`
+/// package ships it (202 MB unpacked; the package is a plain build of that XLA's CPU
+/// plugin). Its dots go through YNNPACK, and bf16 dots reach the CPU's AMX units, where
+/// the default plugin's are no faster than f32: on this project's 2-core machine the
+/// SmolLM2 decode step is faster in f32 and much faster in bf16 (`docs/performance.md`,
+/// "A newer XLA:CPU"). Its float results may differ from the default plugin's in the last
+/// bits, which is why it is not the default.
+pub const CPU_JAX: PinnedPlugin = PinnedPlugin {
+    name: "cpu-jax",
+    package: "lammps-jax-pjrt-cpu",
+    version: "0.11.2",
+    wheel_sha256: "1319390d948b39f69f7dade496b7c385149d9ca6097a6b62114da113216d9ad1",
+    so_path_in_wheel: "lammps_jax_pjrt_cpu/pjrt_c_api_cpu_plugin.so",
+    so_sha256: "ad1309ac822b1b24d51b7f9947c7c9fa9ef5d67f390584cbc3d1fa2428fed9c2",
+    so_size: Some(201_600_336),
+    pip_select: &[],
+    module: "lammps_jax_pjrt_cpu",
+    env: "SHARDES_PJRT_CPU_JAX",
+    needs: "nothing else",
+    simulated_devices: true,
 };
 
 /// The pinned CUDA 12 plugin (`jax-cuda12-pjrt`, 487 MB unpacked).
@@ -74,6 +100,7 @@ pub const CUDA: PinnedPlugin = PinnedPlugin {
             jax-cuda12-pjrt==0.12.0.1 jax-cuda12-plugin[with_cuda]==0.12.0.1` installs both \
             (shardes then finds the plugin in that Python environment), or put a CUDA 12 \
             installation on LD_LIBRARY_PATH",
+    simulated_devices: false,
 };
 
 /// The pinned TPU plugin (`libtpu`).
@@ -96,10 +123,11 @@ pub const TPU: PinnedPlugin = PinnedPlugin {
     module: "libtpu",
     env: "SHARDES_PJRT_TPU",
     needs: "a TPU VM (TPU devices under /dev/accel* or /dev/vfio)",
+    simulated_devices: false,
 };
 
 /// The named plugins a config may give as `plugin = "NAME"`.
-pub const NAMED: [PinnedPlugin; 3] = [CPU, CUDA, TPU];
+pub const NAMED: [PinnedPlugin; 4] = [CPU, CPU_JAX, CUDA, TPU];
 
 /// Python package that ships the pinned PJRT CPU plugin.
 pub const PACKAGE: &str = CPU.package;
