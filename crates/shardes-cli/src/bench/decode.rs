@@ -96,21 +96,24 @@ fn config_error(message: String, hint: &str) -> anyhow::Error {
     ConfigError::new(message, hint).into()
 }
 
+/// `decode.compute_dtype`: the model's, and as in a run of a qwen2 problem, the ES's.
+fn compute_dtype(d: &DecodeSection) -> Result<DType> {
+    match d.compute_dtype.as_deref() {
+        None | Some("f32") => Ok(DType::F32),
+        Some("bf16") => Ok(DType::BF16),
+        Some(other) => Err(config_error(
+            format!(
+                "decode.compute_dtype = \"{}\"",
+                shardes::hlo::es::spec::excerpt(other)
+            ),
+            "use \"f32\" or \"bf16\"",
+        )),
+    }
+}
+
 /// The model, its parameters and key, from the `[decode]` section.
 fn model(d: &DecodeSection) -> Result<LoadedQwen2> {
-    let dtype = match d.compute_dtype.as_deref() {
-        None | Some("f32") => DType::F32,
-        Some("bf16") => DType::BF16,
-        Some(other) => {
-            return Err(config_error(
-                format!(
-                    "decode.compute_dtype = \"{}\"",
-                    shardes::hlo::es::spec::excerpt(other)
-                ),
-                "use \"f32\" or \"bf16\"",
-            ))
-        }
-    };
+    let dtype = compute_dtype(d)?;
     let source_err = |e: shardes::ProblemError| {
         config_error(format!("decode: {e}"), "fix the model source in [decode]")
     };
@@ -195,7 +198,15 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if let Some(c) = args.member_chunk {
         cfg.es.member_chunk = Some(c);
     }
-    let es = cfg.es.build(cfg.devices).map_err(es_error)?;
+    // The ES reads the model in the model's dtype, as `shardes run` sets it from a qwen2
+    // problem's compute_dtype (its noise rounded to that dtype once, its leaves converted
+    // once): the ES decode measured is the one a run makes.
+    let es = cfg
+        .es
+        .build(cfg.devices)
+        .map_err(es_error)?
+        .with_compute_dtype(compute_dtype(&cfg.decode)?)
+        .map_err(es_error)?;
     let loaded = model(&cfg.decode)?;
     let d = &cfg.decode;
     let config = loaded.decode_config(d.batch, d.prompt_len, d.max_new);

@@ -87,7 +87,7 @@ pub(super) fn streams(base: &Keys, leaves: &[LeafInfo]) -> Result<Keys, EsError>
 /// (`[1, ..leaf shape]` dense, `[1, r, m]` and `[1, r, k]` for factors), probed by drawing
 /// one direction in a scratch module that is then dropped: a manual computation declares
 /// its results, and a loop its carry, before their bodies are built.
-fn noise_shapes(
+pub(super) fn noise_shapes(
     strategy: &dyn Strategy,
     leaves: &[LeafInfo],
 ) -> Result<Vec<Vec<Vec<i64>>>, EsError> {
@@ -545,7 +545,14 @@ impl<'a> Emitter<'a> {
         let mp = self.perturb_leaves(&rest_params, &rest_leaves, &rest_scales, &noise, signs)?;
         // Layer `i`'s base leaves: rows of the layout's stacks, or with every leaf its own
         // argument, picked by a `case`.
-        let stacks = group.stacks(self.layout, slots)?;
+        let stacks = match group.stacks(self.layout, slots)? {
+            Some(stacks) => Some(group.narrow_bases(
+                stacks,
+                self.es.strategy.as_ref(),
+                self.es.compute_dtype(),
+            )?),
+            None => None,
+        };
         let values = match stacks {
             Some(_) => Vec::new(),
             None => group.layer_values(&self.layout.views(slots)?)?,

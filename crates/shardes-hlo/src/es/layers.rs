@@ -16,14 +16,15 @@
 
 use std::collections::BTreeMap;
 
-use crate::builder::{TensorType, Value};
+use crate::builder::{DType, TensorType, Value};
 use crate::prng::emit::Keys;
 
 use super::error::{invalid, EsError};
+use super::generation::noise_shapes;
 use super::layout::Layout;
 use super::model::{LayerLeaves, LayerSource, ModelParams};
 use super::sigma::LeafScale;
-use super::strategy::LeafInfo;
+use super::strategy::{LeafInfo, Strategy};
 
 /// The model's layers as the emitter sees them: which layout leaves and active leaves each
 /// layer's leaves are, and layer 0's leaves, which stand for every layer's in a loop body.
@@ -250,6 +251,42 @@ impl LayerGroup {
             }
         }
         Ok(out.into_iter().flatten().collect())
+    }
+
+    /// `stacks` (in [`LayerGroup::leaves0`] order) with every matrix that reaches the model
+    /// as it is stored (frozen, or the base of a low-rank perturbation) converted to the
+    /// compute dtype `dtype`, once, before the model's loops. The model converts each
+    /// matrix it reads to that dtype anyway; converted here, a decode's layer loop copies
+    /// the narrow row it cuts for a layer, not the f32 one and then its conversion, every
+    /// token. The same values, so the same bits. Matrices that get dense noise stay in f32
+    /// (the noise is added to the f32 base), as do the 1-D leaves.
+    pub(super) fn narrow_bases(
+        &self,
+        stacks: Vec<Value>,
+        strategy: &dyn Strategy,
+        dtype: DType,
+    ) -> Result<Vec<Value>, EsError> {
+        if dtype == DType::F32 {
+            return Ok(stacks);
+        }
+        let shapes = noise_shapes(strategy, &self.active0)?;
+        stacks
+            .into_iter()
+            .zip(self.leaves0.iter().zip(&self.scales0))
+            .map(|(st, (leaf, scale))| {
+                let as_stored = *scale == LeafScale::Frozen
+                    || self
+                        .active0
+                        .iter()
+                        .position(|a| a.path == leaf.path)
+                        .is_some_and(|k| shapes[k].len() == 2);
+                Ok(if leaf.shape.len() == 2 && as_stored {
+                    st.convert(dtype)?
+                } else {
+                    st
+                })
+            })
+            .collect()
     }
 
     /// The layer leaves `values` (per layer, in [`LayerLeaves::names`] order) of layer

@@ -563,9 +563,18 @@ mod tests {
     /// file (here: a different recorded size) is not trusted.
     #[test]
     fn a_verified_pinned_copy_leaves_a_stamp() {
-        let real = super::super::locate(None).expect("a PJRT plugin");
-        let root = tempfile::tempdir().unwrap();
         let cpu = &super::super::CPU;
+        // The pinned copy in the cache, not what `SHARDES_PJRT_PLUGIN` may name (a run of
+        // the suite on another plugin sets it).
+        let real = match super::super::cache_root().map(|root| cpu.cached_path(&root)) {
+            Ok(cached) if cached.is_file() => cached,
+            _ => super::super::locate(None).expect("a PJRT plugin"),
+        };
+        if fs::metadata(&real).map(|m| Some(m.len())).ok() != Some(cpu.so_size) {
+            eprintln!("skipped: {} is not the pinned CPU plugin", real.display());
+            return;
+        }
+        let root = tempfile::tempdir().unwrap();
         let copy = cpu.cached_path(root.path());
         fs::create_dir_all(copy.parent().unwrap()).unwrap();
         // A hard link is a full-size copy for free; skip where the cache is elsewhere.

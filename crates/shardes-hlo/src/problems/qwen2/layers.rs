@@ -18,12 +18,12 @@
 //! leaves differ in kind (a glob froze some layers but not others) there is no one body
 //! for all of them, and the layers are emitted unrolled.
 
-use crate::builder::{TensorType, Value};
+use crate::builder::{DType, TensorType, Value};
 use crate::es::model::Leaf;
 use crate::es::{EsError, LayerLeaves, LayerSource, ModelParams};
 use crate::nn::{Act, Weight};
 
-use super::{rewrap, Qwen2};
+use super::{convert, convert_weight, rewrap, Qwen2};
 
 /// Every per-layer leaf, by its name under `model.layers.{l}.`, and whether it is a
 /// matrix read through the seams (the biases only where the config has them:
@@ -90,18 +90,24 @@ pub(super) struct Stacked {
 }
 
 impl Stacked {
-    /// Reads layer `l`'s leaves (recording the reads as the unrolled program does).
+    /// Reads layer `l`'s leaves (recording the reads as the unrolled program does), in
+    /// `dtype`: the model's compute dtype, to which the layer body converts every leaf it
+    /// reads anyway. Converted here, outside the layer loop, the loop hands its body the
+    /// narrow values (a `case` copies the layer it picks) and no layer is converted again
+    /// per token: XLA hoists these converts out of a decode's token loop (the same values,
+    /// so the same bits).
     fn read(
         p: &ModelParams,
         names: &[(&'static str, bool)],
         l: usize,
+        dtype: DType,
     ) -> Result<(Vec<Kind>, Vec<Value>), EsError> {
         let mut kinds = Vec::with_capacity(names.len());
         let mut vals = Vec::new();
         for &(name, matrix) in names {
             let path = format!("model.layers.{l}.{name}");
             if matrix {
-                let w = p.weight(&path)?;
+                let w = convert_weight(p.weight(&path)?, dtype)?;
                 let (w, in_out) = match w {
                     Weight::InOut(w) => (*w, true),
                     w => (w, false),
@@ -127,7 +133,7 @@ impl Stacked {
                     }
                 }
             } else {
-                let a = p.tensor(&path)?;
+                let a = convert(&p.tensor(&path)?, dtype)?;
                 kinds.push(match a.members() {
                     Some(_) => Kind::PerMember,
                     None => Kind::Shared,
@@ -144,12 +150,13 @@ impl Stacked {
         p: &ModelParams,
         names: Vec<(&'static str, bool)>,
         layers: usize,
+        dtype: DType,
     ) -> Result<Option<Self>, EsError> {
-        let (kinds, first) = Self::read(p, &names, 0)?;
+        let (kinds, first) = Self::read(p, &names, 0, dtype)?;
         let types: Vec<TensorType> = first.iter().map(|v| v.ty().clone()).collect();
         let mut all = vec![first];
         for l in 1..layers {
-            let (k, vals) = Self::read(p, &names, l)?;
+            let (k, vals) = Self::read(p, &names, l, dtype)?;
             let t: Vec<TensorType> = vals.iter().map(|v| v.ty().clone()).collect();
             if k != kinds || t != types {
                 return Ok(None);
@@ -321,6 +328,7 @@ impl Qwen2 {
                 p,
                 leaves_of(self.config.attention_bias),
                 self.config.num_hidden_layers,
+                self.compute_dtype,
             )?
             .map(LayerStack::Built)),
         }
