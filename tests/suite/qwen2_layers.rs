@@ -25,6 +25,7 @@ use std::path::Path;
 
 use crate::support::sharded::{emits_member_matrix, matrices, member_matrix, optimized_shapes};
 use shardes::hf::load_checkpoint;
+use shardes::hlo::builder::DType;
 use shardes::hlo::decode::{DecodeShape, DecodeSpec};
 use shardes::hlo::es::{leaf_infos, ShardedES};
 use shardes::hlo::params::{Array, ParamTree};
@@ -434,4 +435,56 @@ fn layers_setting_parses_and_names_the_key() {
     for l in [Layers::Loop, Layers::Unrolled] {
         assert_eq!(Layers::parse(l.name()).unwrap(), l);
     }
+}
+
+/// The `[L, …]` stacks the ES decode program converts from f32 to `dtype`, as the rank of
+/// each converted stack (a `stablehlo.convert` of a `tensor<3x…xf32>`, the 3-layer model).
+fn converted_stacks(strategy: &str, dtype: DType) -> Vec<usize> {
+    let mut cfg = Qwen2Config::tiny();
+    cfg.num_hidden_layers = 3;
+    let tree = cfg.init(key(1).unwrap(), 0.02).unwrap();
+    let model = Qwen2::new(cfg, 2, 5)
+        .with_layers(Layers::Loop)
+        .with_compute_dtype(dtype);
+    let spec = DecodeSpec::new(
+        model,
+        DecodeShape {
+            batch: 2,
+            // Not 3: a 3-token prompt's rotary tables and masks would lead with the layers' 3.
+            prompt_len: 5,
+            max_new: 2,
+        },
+        Vec::new(),
+        0,
+    )
+    .unwrap();
+    let text = es(strategy, 2)
+        .with_compute_dtype(dtype)
+        .unwrap()
+        .outputs_program(&spec, &leaf_infos(&tree))
+        .unwrap()
+        .module
+        .to_mlir();
+    text.lines()
+        .filter(|l| l.contains("stablehlo.convert"))
+        .filter_map(|l| {
+            let from = l.split(": (tensor<").nth(1)?.split('>').next()?;
+            (from.starts_with("3x") && from.ends_with("xf32") && l.contains("bf16>"))
+                .then(|| from.split('x').count() - 1)
+        })
+        .collect()
+}
+
+/// In bf16 the ES program converts the stacks of the matrices it hands the model as stored
+/// (low-rank bases) once, before the loops, so a decode's layer loop never converts them
+/// per token; the 1-D leaves' stacks, which get dense noise on their f32 values, stay f32.
+#[test]
+fn bf16_low_rank_bases_are_converted_once_before_the_loops() {
+    let ranks = converted_stacks("mirrored(lowrank(r=1))", DType::BF16);
+    assert_eq!(
+        ranks,
+        vec![3; 7],
+        "the 7 matrix stacks of a layer, and no 1-D stack"
+    );
+    assert!(converted_stacks("mirrored(lowrank(r=1))", DType::F32).is_empty());
 }
